@@ -1,0 +1,105 @@
+// The codec API: strategy specs (text that round-trips), the stage registry that describes the
+// strategy space, and Pipeline, which encodes a KvBlock into a frame and back.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kvserve/kv.h"
+#include "kvserve/status.h"
+
+namespace kvserve {
+
+// What flows between stages. The pipeline's input is always a tensor; a pipeline may end on
+// either kind (a tensor at the end is stored raw).
+enum class DataKind : uint8_t { kTensor = 0, kBytes = 1 };
+const char* DataKindName(DataKind kind);
+
+// One parameter of a stage, as the registry describes it. The profiler reads the search space
+// from these descriptions; the parser validates against them.
+struct ParamSpec {
+  enum class Type : uint8_t { kInt, kFloat, kEnum };
+  std::string name;
+  Type type = Type::kInt;
+  double min = 0, max = 0;            // kInt / kFloat: inclusive range
+  std::vector<std::string> choices;   // kEnum
+  std::string default_value;
+  std::string help;
+  std::string RangeText() const;      // "1..8", "channel|token", "0.0..1.0"
+};
+
+struct StageInfo {
+  std::string name;
+  std::string summary;
+  DataKind input = DataKind::kTensor;
+  DataKind output = DataKind::kBytes;
+  bool lossless = false;
+  std::vector<ParamSpec> params;
+  const ParamSpec* FindParam(std::string_view key) const;
+};
+
+// Every registered stage, in a stable order.
+const std::vector<StageInfo>& RegisteredStages();
+const StageInfo* FindStageInfo(std::string_view name);
+
+// A parsed stage with every parameter present (defaults filled in), in registry order.
+struct StageSpec {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> params;
+  const std::string& Get(std::string_view key) const;  // key must be one of the stage's params
+  int64_t GetInt(std::string_view key) const;
+  double GetFloat(std::string_view key) const;
+  std::string Canonical() const;
+};
+
+struct StrategySpec {
+  std::vector<StageSpec> stages;  // empty = identity ("none")
+  std::string Canonical() const;
+};
+
+// Grammar: spec := "none" | stage ("|" stage)*; stage := name ["(" [kv ("," kv)*] ")"];
+// kv := key "=" value. Whitespace between tokens is ignored. Errors name the character position
+// and the bad stage, key or value. Stage order is type-checked against the registry.
+Result<StrategySpec> ParseStrategy(std::string_view text);
+Result<std::string> CanonicalStrategy(std::string_view text);
+
+struct CodecOptions {
+  int threads = 1;            // worker threads for stages that parallelise over slabs
+  uint64_t max_decoded_bytes = uint64_t{16} << 30;  // refuse frames that would decode to more
+};
+
+class Stage;  // internal: src/codec/stage.h
+
+class Pipeline {
+ public:
+  static Result<Pipeline> Create(std::string_view spec);
+  Pipeline(Pipeline&&) noexcept;
+  Pipeline& operator=(Pipeline&&) noexcept;
+  ~Pipeline();
+
+  const std::string& spec() const { return canonical_; }
+  DataKind output_kind() const;
+
+  // Encodes `block` into one self-describing frame (see frame.h); `frame` is overwritten.
+  Status Encode(const KvBlock& block, ByteBuffer* frame, const CodecOptions& opts = {}) const;
+  // Decodes a frame produced with this pipeline's spec. `out` is reshaped as needed; its
+  // storage is reused when large enough.
+  Status Decode(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts = {}) const;
+
+ private:
+  friend Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts);
+  Pipeline();
+  std::string canonical_;
+  std::vector<Stage*> stages_;
+  std::vector<const StageInfo*> infos_;  // registry entries of stages_, same order
+};
+
+// Convenience: encode with a spec; decode any frame (its spec is read from the frame).
+Result<ByteBuffer> EncodeKv(const KvBlock& block, std::string_view spec, const CodecOptions& opts = {});
+Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts = {});
+
+}  // namespace kvserve

@@ -1,0 +1,39 @@
+// Codec speed and size measurement, shared by `kvserve codec bench`, the strategy table and the
+// profiler. Throughputs are GB/s of the uncompressed input bytes, medians over `runs`.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "kvserve/codec.h"
+#include "kvserve/kv.h"
+
+namespace kvserve {
+
+struct CodecMeasurement {
+  std::string spec;
+  double encode_gbps = 0, decode_gbps = 0;
+  double ratio = 0;            // input bytes (fp16 if the input is fp16) / frame bytes
+  uint64_t frame_bytes = 0;
+  double snr_db_k = 0, snr_db_v = 0;
+};
+
+struct BenchOptions {
+  int runs = 5;
+  int threads = 1;
+};
+
+// The reference KV block of the speed goals: llama3-8b shape, fp16, synthetic, seed 1.
+Result<KvBlock> BenchBlock(uint32_t n_token = 1024, int synth_threads = 1);
+
+Result<CodecMeasurement> MeasureCodec(const KvBlock& block, std::string_view spec, const BenchOptions& opts = {});
+// memcpy of `bytes` bytes between two pre-touched buffers.
+double MeasureMemcpyGbps(size_t bytes, int runs);
+
+struct ZstdMeasurement {
+  double encode_gbps = 0, decode_gbps = 0, ratio = 0;
+  uint64_t compressed_bytes = 0;
+};
+ZstdMeasurement MeasureZstd(const uint8_t* data, size_t bytes, int level, const BenchOptions& opts = {});
+
+}  // namespace kvserve

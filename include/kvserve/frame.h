@@ -1,0 +1,65 @@
+// The frame: kvserve's self-describing, checksummed unit of encoded KV, on disk (.kvf) and on
+// the wire. Layout (little-endian):
+//   0 magic "KVSF" | 4 u16 version | 6 u16 header_len | 8 u8 dtype | 9 u8[3] zero
+//  12 u32 n_layer | 16 u32 n_head_kv | 20 u32 n_token | 24 u32 head_dim | 28 u32 token_offset
+//  32 u64 payload_len | 40 u16 spec_len | 42 spec bytes (canonical strategy)
+//  header_len: payload | u64 XXH3-64 (xxHash) of everything before it
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvserve/kv.h"
+#include "kvserve/status.h"
+
+namespace kvserve {
+
+inline constexpr char kFrameMagic[4] = {'K', 'V', 'S', 'F'};
+inline constexpr uint16_t kFrameVersion = 1;
+inline constexpr size_t kFrameFixedHeader = 42;
+inline constexpr size_t kFrameChecksumBytes = 8;
+inline constexpr size_t kFrameMaxSpec = 4096;
+
+struct FrameHeader {
+  uint16_t version = kFrameVersion;
+  DType dtype = DType::kF16;
+  KvShape shape;
+  uint32_t token_offset = 0;
+  uint64_t payload_len = 0;
+  std::string spec;
+  size_t header_len() const { return kFrameFixedHeader + spec.size(); }
+  size_t frame_len() const { return header_len() + payload_len + kFrameChecksumBytes; }
+};
+
+// A frame whose checksum, lengths and header fields were all verified; payload points into the
+// caller's buffer.
+struct FrameView {
+  FrameHeader header;
+  std::span<const uint8_t> payload;
+};
+
+// Writes the header (payload_len as given) to the end of `out`.
+void AppendFrameHeader(const FrameHeader& header, ByteBuffer* out);
+// After the payload has been appended: patches payload_len and appends the checksum.
+// `frame_start` is where AppendFrameHeader began writing.
+Status FinishFrame(ByteBuffer* out, size_t frame_start);
+
+// Reads the total frame length from its first kFrameFixedHeader bytes, so a reader of a
+// stream knows how much to read. Fails on a bad magic or version.
+Result<uint64_t> PeekFrameLength(std::span<const uint8_t> prefix);
+// Verifies everything — magic, version, lengths, reserved bytes, checksum, shape — before the
+// payload is touched. Each failure has its own message.
+Result<FrameView> ParseFrame(std::span<const uint8_t> bytes);
+
+// A frame from a file (whole file) and to a file (temp file + rename: never half-written).
+Result<ByteBuffer> ReadFile(const std::string& path);
+Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> bytes);
+
+// A KV file (.kvf) is a frame with the identity strategy "none".
+Status WriteKvFile(const std::string& path, const KvBlock& block);
+Result<KvBlock> ReadKvFile(const std::string& path);
+
+}  // namespace kvserve

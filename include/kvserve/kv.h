@@ -1,0 +1,154 @@
+// KV cache types: shape, dtype, and KvBlock — one contiguous buffer laid out
+// [layer][K|V][head][token][dim], so a (layer, part, head) slab is a dense [n_token][head_dim] matrix.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <memory>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "kvserve/status.h"
+
+namespace kvserve {
+
+// Allocator whose resize() leaves new elements uninitialised (buffers about to be overwritten,
+// such as frames and decoded blocks, are not zero-filled first), aligned to 64 bytes for SIMD.
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() = default;
+  template <typename U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) noexcept { ::operator delete(p, std::align_val_t(64)); }
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using ByteBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+size_t DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);
+Result<DType> ParseDType(std::string_view name);
+
+enum class KvPart : uint8_t { kKey = 0, kValue = 1 };
+
+// Default number of tokens in the chunk that the codec and the network move as one unit.
+inline constexpr uint32_t kDefaultChunkTokens = 256;
+
+struct KvShape {
+  uint32_t n_layer = 0;
+  uint32_t n_head_kv = 0;
+  uint32_t n_token = 0;
+  uint32_t head_dim = 0;
+
+  uint64_t slab_numel() const { return uint64_t{n_token} * head_dim; }
+  uint64_t n_slab() const { return uint64_t{n_layer} * 2 * n_head_kv; }
+  uint64_t numel() const { return n_slab() * slab_numel(); }
+  // Slab index of (layer, part, head) in the [layer][K|V][head] order.
+  uint64_t slab_index(uint32_t layer, KvPart part, uint32_t head) const {
+    return (uint64_t{layer} * 2 + static_cast<uint32_t>(part)) * n_head_kv + head;
+  }
+  // n_token may be 0 (an empty prompt); the other dimensions must be positive.
+  Status Validate() const;
+  std::string ToString() const;  // "5x4x384x8 (layer x head_kv x token x dim)"
+  bool operator==(const KvShape&) const = default;
+};
+
+// Named shapes for synthetic KV: llama3-8b (32, 8, *, 128), stories260k (5, 4, *, 8),
+// babyllama105 (5, 4, *, 16).
+Result<KvShape> ShapePreset(std::string_view name, uint32_t n_token);
+
+class KvBlock {
+ public:
+  KvBlock() = default;
+  // Zero-filled block. Fails on an invalid shape or one above max_bytes.
+  static Result<KvBlock> Create(const KvShape& shape, DType dtype);
+
+  const KvShape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  size_t bytes() const { return data_.size(); }
+  uint8_t* data() { return data_.data(); }
+  const uint8_t* data() const { return data_.data(); }
+  // First position of these tokens in the request's sequence (chunks of one prompt differ here).
+  uint32_t token_offset() const { return token_offset_; }
+  void set_token_offset(uint32_t offset) { token_offset_ = offset; }
+
+  // The dense [n_token][head_dim] slab of (layer, part, head), in this block's dtype.
+  uint8_t* slab(uint32_t layer, KvPart part, uint32_t head) {
+    return data_.data() + shape_.slab_index(layer, part, head) * shape_.slab_numel() * DTypeSize(dtype_);
+  }
+  const uint8_t* slab(uint32_t layer, KvPart part, uint32_t head) const {
+    return const_cast<KvBlock*>(this)->slab(layer, part, head);
+  }
+  uint8_t* slab_at(uint64_t slab_index) {
+    return data_.data() + slab_index * shape_.slab_numel() * DTypeSize(dtype_);
+  }
+  const uint8_t* slab_at(uint64_t slab_index) const {
+    return const_cast<KvBlock*>(this)->slab_at(slab_index);
+  }
+  float* f32() { return reinterpret_cast<float*>(data_.data()); }
+  const float* f32() const { return reinterpret_cast<const float*>(data_.data()); }
+
+  // Element access for tests and tools; hot code works on slabs.
+  float Get(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d) const;
+  void Set(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d, float v);
+
+  Result<KvBlock> ConvertTo(DType dtype) const;
+  // Copy of tokens [begin, begin + count); the copy's token_offset is this one's plus begin.
+  Result<KvBlock> SliceTokens(uint32_t begin, uint32_t count) const;
+  // Reshapes to a new shape/dtype, reusing the allocation where it is large enough.
+  Status Reset(const KvShape& shape, DType dtype);
+
+ private:
+  KvShape shape_;
+  DType dtype_ = DType::kF32;
+  uint32_t token_offset_ = 0;
+  ByteBuffer data_;
+};
+
+// Splits a block into chunks of at most chunk_tokens tokens (the last may be shorter).
+Result<std::vector<KvBlock>> SplitIntoChunks(const KvBlock& block, uint32_t chunk_tokens = kDefaultChunkTokens);
+// Joins chunks in token order back into one block; shapes must agree except n_token.
+Result<KvBlock> JoinChunks(const std::vector<KvBlock>& chunks);
+
+// Element-wise conversions between storage dtypes and float. Vectorised (F16C / AVX-512)
+// where the build allows, with scalar references below that tests compare against.
+void ConvertToF32(DType src_dtype, const void* src, float* dst, size_t n);
+void ConvertFromF32(DType dst_dtype, const float* src, void* dst, size_t n);
+// As ConvertFromF32, with non-temporal stores where possible: for output that is written once
+// and not read back soon (decoding a large block), so the stores skip the read-for-ownership.
+void ConvertFromF32Streaming(DType dst_dtype, const float* src, void* dst, size_t n);
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);       // round to nearest even, overflow to inf, NaN kept
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);   // round to nearest even, NaN kept quiet
+namespace scalar {
+void HalfToFloat(const uint16_t* src, float* dst, size_t n);
+void FloatToHalf(const float* src, uint16_t* dst, size_t n);
+}  // namespace scalar
+
+// Error statistics between two blocks of the same shape, per part.
+struct KvErrorStats {
+  double max_abs = 0, mean_abs = 0, snr_db = 0, cosine = 0;
+};
+struct KvCompareResult {
+  KvErrorStats k, v;
+};
+Result<KvCompareResult> CompareKv(const KvBlock& reference, const KvBlock& test);
+
+}  // namespace kvserve

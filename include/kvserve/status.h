@@ -1,0 +1,95 @@
+// Status and Result<T>: how every kvserve library call reports failure.
+// Errors are values with a message that names the bad field and value; no exceptions cross the API.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace kvserve {
+
+enum class StatusCode : uint8_t {
+  kOk = 0,
+  kInvalidArgument,  // the caller passed something malformed (a spec, a flag, a shape)
+  kCorrupt,          // stored or received bytes fail verification (checksum, length, magic)
+  kUnsupported,      // well-formed but not handled by this build (a newer frame version)
+  kNotFound,         // a file, key or stage that does not exist
+  kIoError,          // the operating system refused (open, read, write, socket)
+  kOutOfRange,       // a value exceeds a configured limit (decoded size, shape)
+  kInternal,         // a bug in kvserve; never caused by input
+};
+
+const char* StatusCodeName(StatusCode code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return Status(); }
+  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status Corrupt(std::string m) { return {StatusCode::kCorrupt, std::move(m)}; }
+  static Status Unsupported(std::string m) { return {StatusCode::kUnsupported, std::move(m)}; }
+  static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
+  static Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
+  static Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
+  static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "corrupt: frame checksum mismatch ..." — what the CLI prints.
+  std::string ToString() const;
+  // Returns a copy whose message is prefixed with context ("reading x.kvf: ...").
+  Status WithContext(const std::string& context) const;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {  // NOLINT
+    if (std::get<Status>(v_).ok()) v_ = Status::Internal("Result constructed from an OK status");
+  }
+
+  bool ok() const { return std::holds_alternative<T>(v_); }
+  const Status& status() const {
+    static const Status kOk;
+    return ok() ? kOk : std::get<Status>(v_);
+  }
+  T& value() & { return std::get<T>(v_); }
+  const T& value() const& { return std::get<T>(v_); }
+  T&& value() && { return std::get<T>(std::move(v_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+
+ private:
+  std::variant<T, Status> v_;
+};
+
+}  // namespace kvserve
+
+#define KV_CONCAT_INNER_(a, b) a##b
+#define KV_CONCAT_(a, b) KV_CONCAT_INNER_(a, b)
+
+#define KV_RETURN_IF_ERROR(expr)                  \
+  do {                                            \
+    ::kvserve::Status kv_status_ = (expr);        \
+    if (!kv_status_.ok()) return kv_status_;      \
+  } while (0)
+
+#define KV_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
+  auto tmp = (expr);                              \
+  if (!tmp.ok()) return tmp.status();             \
+  lhs = std::move(tmp).value()
+
+#define KV_ASSIGN_OR_RETURN(lhs, expr) \
+  KV_ASSIGN_OR_RETURN_IMPL_(KV_CONCAT_(kv_result_, __LINE__), lhs, expr)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job end to end on embedded defaults: synthesize a llama3-8b KV block, encode it with
+# several strategies, decode, and print ratio / speed / error against memcpy and zstd.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh > /dev/null
+kv=build/kvserve
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo "== synthesize a llama3-8b KV block (256 tokens, fp16)"
+$kv kv synth --shape llama3-8b --tokens 256 --seed 1 -o "$tmp/x.kvf"
+echo "== encode with KIVI-style 2-bit quantisation + zstd, decode, compare"
+$kv codec encode -s 'quant(kbits=2,vbits=2,kaxis=channel,vaxis=token,group=32,residual=64)|zstd(level=3)' \
+  -i "$tmp/x.kvf" -o "$tmp/y.kvf"
+$kv codec decode -i "$tmp/y.kvf" -o "$tmp/z.kvf"
+$kv codec compare "$tmp/x.kvf" "$tmp/z.kvf"
+echo "== strategy table on a 1024-token llama3-8b block (128 MiB fp16), single thread"
+$kv codec bench --runs 5

@@ -1,0 +1,193 @@
+// Frame writing and verification, plus whole-file I/O that never leaves a half-written file.
+#include "kvserve/frame.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "kvserve/codec.h"
+
+namespace kvserve {
+namespace {
+
+template <typename T>
+void Put(ByteBuffer* out, T v) {
+  uint8_t b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));  // little-endian hosts only (checked in CMake)
+  out->insert(out->end(), b, b + sizeof(T));
+}
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+Status CheckPrefix(std::span<const uint8_t> b) {
+  if (b.size() < 6) {
+    return Status::Corrupt("truncated frame: " + std::to_string(b.size()) + " bytes, the header alone needs " +
+                           std::to_string(kFrameFixedHeader));
+  }
+  if (std::memcmp(b.data(), kFrameMagic, 4) != 0) {
+    return Status::Corrupt("not a kvserve frame: bad magic (expected \"KVSF\")");
+  }
+  const uint16_t version = Get<uint16_t>(b.data() + 4);
+  if (version != kFrameVersion) {
+    return Status::Unsupported("frame format version " + std::to_string(version) + " (this build reads version " +
+                               std::to_string(kFrameVersion) + ")");
+  }
+  if (b.size() < kFrameFixedHeader) {
+    return Status::Corrupt("truncated frame: " + std::to_string(b.size()) + " bytes, the header alone needs " +
+                           std::to_string(kFrameFixedHeader));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AppendFrameHeader(const FrameHeader& h, ByteBuffer* out) {
+  out->insert(out->end(), kFrameMagic, kFrameMagic + 4);
+  Put<uint16_t>(out, h.version);
+  Put<uint16_t>(out, static_cast<uint16_t>(h.header_len()));
+  Put<uint8_t>(out, static_cast<uint8_t>(h.dtype));
+  Put<uint8_t>(out, 0);
+  Put<uint16_t>(out, 0);
+  Put<uint32_t>(out, h.shape.n_layer);
+  Put<uint32_t>(out, h.shape.n_head_kv);
+  Put<uint32_t>(out, h.shape.n_token);
+  Put<uint32_t>(out, h.shape.head_dim);
+  Put<uint32_t>(out, h.token_offset);
+  Put<uint64_t>(out, h.payload_len);
+  Put<uint16_t>(out, static_cast<uint16_t>(h.spec.size()));
+  out->insert(out->end(), h.spec.begin(), h.spec.end());
+}
+
+Status FinishFrame(ByteBuffer* out, size_t frame_start) {
+  if (out->size() < frame_start + kFrameFixedHeader) return Status::Internal("FinishFrame before header");
+  uint8_t* f = out->data() + frame_start;
+  const uint64_t header_len = Get<uint16_t>(f + 6);
+  const uint64_t payload_len = out->size() - frame_start - header_len;
+  std::memcpy(f + 32, &payload_len, 8);
+  const uint64_t sum = XXH3_64bits(f, out->size() - frame_start);
+  Put<uint64_t>(out, sum);
+  return Status::Ok();
+}
+
+Result<uint64_t> PeekFrameLength(std::span<const uint8_t> prefix) {
+  KV_RETURN_IF_ERROR(CheckPrefix(prefix));
+  const uint64_t header_len = Get<uint16_t>(prefix.data() + 6);
+  const uint64_t payload_len = Get<uint64_t>(prefix.data() + 32);
+  if (header_len < kFrameFixedHeader) return Status::Corrupt("frame header_len " + std::to_string(header_len) + " < 42");
+  if (payload_len > (uint64_t{1} << 48)) {
+    return Status::Corrupt("frame payload_len " + std::to_string(payload_len) + " is implausible");
+  }
+  return header_len + payload_len + kFrameChecksumBytes;
+}
+
+Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
+  KV_RETURN_IF_ERROR(CheckPrefix(b));
+  const uint8_t* p = b.data();
+  const uint16_t header_len = Get<uint16_t>(p + 6);
+  const uint16_t spec_len = Get<uint16_t>(p + 40);
+  if (header_len != kFrameFixedHeader + spec_len) {
+    return Status::Corrupt("frame header_len " + std::to_string(header_len) + " does not match spec_len " +
+                           std::to_string(spec_len) + " + 42");
+  }
+  if (spec_len > kFrameMaxSpec) {
+    return Status::Corrupt("frame spec_len " + std::to_string(spec_len) + " above the limit of " +
+                           std::to_string(kFrameMaxSpec));
+  }
+  const uint64_t payload_len = Get<uint64_t>(p + 32);
+  const uint64_t available = b.size();
+  if (available < uint64_t{header_len} + kFrameChecksumBytes ||
+      payload_len != available - header_len - kFrameChecksumBytes) {
+    const bool short_frame = available < uint64_t{header_len} + kFrameChecksumBytes ||
+                             payload_len > available - header_len - kFrameChecksumBytes;
+    return Status::Corrupt(std::string(short_frame ? "truncated frame: " : "frame length mismatch: ") +
+                           "header says " + std::to_string(header_len) + " + " + std::to_string(payload_len) +
+                           " + 8 bytes, buffer holds " + std::to_string(available));
+  }
+  const uint64_t want = Get<uint64_t>(p + available - kFrameChecksumBytes);
+  const uint64_t got = XXH3_64bits(p, available - kFrameChecksumBytes);
+  if (want != got) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "frame checksum mismatch (stored %016llx, computed %016llx)",
+                  static_cast<unsigned long long>(want), static_cast<unsigned long long>(got));
+    return Status::Corrupt(buf);
+  }
+  // The checksum matched, so anything wrong below was written wrong, not damaged in transit.
+  if (p[9] != 0 || p[10] != 0 || p[11] != 0) return Status::Corrupt("frame reserved bytes are not zero");
+  FrameView v;
+  v.header.version = Get<uint16_t>(p + 4);
+  const uint8_t dtype = p[8];
+  if (dtype > static_cast<uint8_t>(DType::kBF16)) return Status::Corrupt("frame dtype " + std::to_string(dtype) + " unknown");
+  v.header.dtype = static_cast<DType>(dtype);
+  v.header.shape = KvShape{Get<uint32_t>(p + 12), Get<uint32_t>(p + 16), Get<uint32_t>(p + 20), Get<uint32_t>(p + 24)};
+  KV_RETURN_IF_ERROR(v.header.shape.Validate().WithContext("frame"));
+  v.header.token_offset = Get<uint32_t>(p + 28);
+  v.header.payload_len = payload_len;
+  v.header.spec.assign(reinterpret_cast<const char*>(p + kFrameFixedHeader), spec_len);
+  v.payload = b.subspan(header_len, payload_len);
+  return v;
+}
+
+Result<ByteBuffer> ReadFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return Status::IoError("cannot open '" + path + "': " + std::strerror(errno));
+  ByteBuffer data;
+  uint8_t buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.insert(data.end(), buf, buf + n);
+  const bool err = std::ferror(f);
+  std::fclose(f);
+  if (err) return Status::IoError("error reading '" + path + "'");
+  return data;
+}
+
+Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> bytes) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::IoError("cannot create '" + tmp + "': " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Status::IoError("writing '" + tmp + "': " + why);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return Status::IoError("flushing '" + tmp + "': " + std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return Status::IoError("renaming to '" + path + "': " + why);
+  }
+  return Status::Ok();
+}
+
+Status WriteKvFile(const std::string& path, const KvBlock& block) {
+  KV_ASSIGN_OR_RETURN(ByteBuffer frame, EncodeKv(block, "none"));
+  return WriteFileAtomic(path, frame);
+}
+
+Result<KvBlock> ReadKvFile(const std::string& path) {
+  KV_ASSIGN_OR_RETURN(ByteBuffer bytes, ReadFile(path));
+  KvBlock block;
+  Status st = DecodeKv(bytes, &block);
+  if (!st.ok()) return st.WithContext("'" + path + "'");
+  return block;
+}
+
+}  // namespace kvserve

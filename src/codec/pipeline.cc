@@ -1,0 +1,171 @@
+// Pipeline: composes registered stages into a strategy, and wraps their output in a frame.
+// Encode runs stages first to last; decode runs them last to first.
+#include <cstring>
+
+#include "codec/stage.h"
+#include "kvserve/codec.h"
+#include "kvserve/frame.h"
+
+namespace kvserve {
+
+Pipeline::Pipeline() = default;
+Pipeline::Pipeline(Pipeline&& o) noexcept
+    : canonical_(std::move(o.canonical_)), stages_(std::move(o.stages_)), infos_(std::move(o.infos_)) {
+  o.stages_.clear();
+}
+Pipeline& Pipeline::operator=(Pipeline&& o) noexcept {
+  if (this != &o) {
+    for (Stage* s : stages_) delete s;
+    canonical_ = std::move(o.canonical_);
+    stages_ = std::move(o.stages_);
+    infos_ = std::move(o.infos_);
+    o.stages_.clear();
+  }
+  return *this;
+}
+Pipeline::~Pipeline() {
+  for (Stage* s : stages_) delete s;
+}
+
+Result<Pipeline> Pipeline::Create(std::string_view text) {
+  KV_ASSIGN_OR_RETURN(StrategySpec spec, ParseStrategy(text));
+  Pipeline p;
+  p.canonical_ = spec.Canonical();
+  for (const auto& st : spec.stages) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeStage(st));
+    p.stages_.push_back(stage.release());
+    p.infos_.push_back(FindStageInfo(st.name));
+  }
+  return p;
+}
+
+DataKind Pipeline::output_kind() const {
+  if (stages_.empty()) return DataKind::kTensor;
+  return infos_.back()->output;
+}
+
+Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOptions& opts) const {
+  KV_RETURN_IF_ERROR(block.shape().Validate());
+  frame->clear();
+  FrameHeader h;
+  h.dtype = block.dtype();
+  h.shape = block.shape();
+  h.token_offset = block.token_offset();
+  h.spec = canonical_;
+  AppendFrameHeader(h, frame);
+  if (stages_.empty()) {
+    frame->insert(frame->end(), block.data(), block.data() + block.bytes());
+    return FinishFrame(frame, 0);
+  }
+  const std::vector<const StageInfo*>& infos = infos_;
+  StageContext ctx;
+  ctx.threads = opts.threads;
+  ctx.max_decoded_bytes = opts.max_decoded_bytes;
+  StageInput in;
+  in.tensor = &block;
+  KvBlock tensors[2];
+  ByteBuffer bufs[2];
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    const bool last = i + 1 == stages_.size();
+    StageOutput out;
+    if (infos[i]->output == DataKind::kTensor) {
+      out.tensor = &tensors[i % 2];
+    } else {
+      out.bytes = last ? frame : &bufs[i % 2];
+      if (!last) out.bytes->clear();
+    }
+    KV_RETURN_IF_ERROR(stages_[i]->Encode(in, out, ctx).WithContext("encoding stage '" + infos[i]->name + "'"));
+    in = StageInput{};
+    if (out.tensor) in.tensor = out.tensor;
+    else in.bytes = *out.bytes;
+  }
+  if (infos.back()->output == DataKind::kTensor) {
+    // A chain of transforms with no packing stage: store the tensor raw, dtype first.
+    frame->push_back(static_cast<uint8_t>(in.tensor->dtype()));
+    frame->insert(frame->end(), in.tensor->data(), in.tensor->data() + in.tensor->bytes());
+  }
+  return FinishFrame(frame, 0);
+}
+
+namespace {
+Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
+                      const std::vector<const StageInfo*>& infos, KvBlock* out, const CodecOptions& opts) {
+  const KvShape& shape = v.header.shape;
+  const uint64_t out_bytes = shape.numel() * DTypeSize(v.header.dtype);
+  if (out_bytes > opts.max_decoded_bytes) {
+    return Status::OutOfRange("frame would decode to " + std::to_string(out_bytes) + " bytes, above the limit of " +
+                              std::to_string(opts.max_decoded_bytes));
+  }
+  if (stages.empty()) {
+    if (v.payload.size() != out_bytes) {
+      return Status::Corrupt("identity frame payload is " + std::to_string(v.payload.size()) + " bytes, shape " +
+                             shape.ToString() + " " + DTypeName(v.header.dtype) + " needs " + std::to_string(out_bytes));
+    }
+    KV_RETURN_IF_ERROR(out->Reset(shape, v.header.dtype));
+    out->set_token_offset(v.header.token_offset);
+    std::memcpy(out->data(), v.payload.data(), out_bytes);
+    return Status::Ok();
+  }
+  StageContext ctx;
+  ctx.threads = opts.threads;
+  ctx.max_decoded_bytes = opts.max_decoded_bytes;
+  StageInput in;
+  KvBlock tensors[2];
+  ByteBuffer bufs[2];
+  if (infos.back()->output == DataKind::kTensor) {
+    if (v.payload.empty() || v.payload[0] > static_cast<uint8_t>(DType::kBF16)) {
+      return Status::Corrupt("raw tensor payload has no valid dtype byte");
+    }
+    const DType dt = static_cast<DType>(v.payload[0]);
+    if (v.payload.size() != 1 + shape.numel() * DTypeSize(dt)) {
+      return Status::Corrupt("raw tensor payload is " + std::to_string(v.payload.size() - 1) + " bytes, expected " +
+                             std::to_string(shape.numel() * DTypeSize(dt)));
+    }
+    KV_RETURN_IF_ERROR(tensors[1].Reset(shape, dt));
+    std::memcpy(tensors[1].data(), v.payload.data() + 1, tensors[1].bytes());
+    in.tensor = &tensors[1];
+  } else {
+    in.bytes = v.payload;
+  }
+  for (size_t k = stages.size(); k-- > 0;) {
+    StageOutput o;
+    if (infos[k]->input == DataKind::kTensor) {
+      o.tensor = k == 0 ? out : &tensors[k % 2];
+      KV_RETURN_IF_ERROR(o.tensor->Reset(shape, k == 0 ? v.header.dtype : DType::kF32));
+    } else {
+      o.bytes = &bufs[k % 2];
+      o.bytes->clear();
+    }
+    KV_RETURN_IF_ERROR(stages[k]->Decode(in, o, ctx).WithContext("decoding stage '" + infos[k]->name + "'"));
+    in = StageInput{};
+    if (o.tensor) in.tensor = o.tensor;
+    else in.bytes = *o.bytes;
+  }
+  out->set_token_offset(v.header.token_offset);
+  return Status::Ok();
+}
+}  // namespace
+
+Status Pipeline::Decode(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts) const {
+  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame));
+  if (v.header.spec != canonical_) {
+    return Status::InvalidArgument("frame was encoded with '" + v.header.spec + "', this pipeline is '" + canonical_ + "'");
+  }
+  return DecodeVerified(v, stages_, infos_, out, opts);
+}
+
+Result<ByteBuffer> EncodeKv(const KvBlock& block, std::string_view spec, const CodecOptions& opts) {
+  KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(spec));
+  ByteBuffer frame;
+  KV_RETURN_IF_ERROR(p.Encode(block, &frame, opts));
+  return frame;
+}
+
+Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts) {
+  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame));
+  auto p = Pipeline::Create(v.header.spec);
+  if (!p.ok()) return Status::Corrupt("frame strategy '" + v.header.spec + "' is invalid: " + p.status().message());
+  return DecodeVerified(v, p->stages_, p->infos_, out, opts);
+}
+
+}  // namespace kvserve

@@ -1,0 +1,66 @@
+// Hot loops of uniform asymmetric quantisation: min/max, code computation, and bit packing.
+// Plain loops over contiguous arrays written for the auto-vectoriser; the *Reference functions
+// are the scalar definitions tests compare against.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvserve::quant {
+
+// Codes of `bits` bits are stored as bit planes: bits = sum of plane widths (8, or some of
+// 4, 2, 1, highest first). A plane of width w packs k = 8/w codes per byte; the codes of a
+// block of n values (n padded to a multiple of 8) are split into k segments of n/k, and byte j
+// holds code j + i*(n/k) in its bits [i*w, i*w + w). Every byte of a plane is computed from
+// k contiguous streams, so packing and unpacking vectorise without shuffles.
+size_t PackedBytes(size_t n, int bits);  // n rounded up to a multiple of 8, times bits / 8
+void PackCodes(const uint8_t* codes, size_t n_padded, int bits, uint8_t* out);
+void UnpackCodes(const uint8_t* in, size_t n_padded, int bits, uint8_t* codes);
+void PackCodesReference(const uint8_t* codes, size_t n_padded, int bits, uint8_t* out);
+
+// Range of a group, stored as two fp16 values: the minimum rounded down and the step rounded up,
+// so every value of the group lies within [lo, lo + levels * step] and dequantises to within
+// step / 2 of itself. Returns false if the range does not fit fp16.
+bool GroupRange(float min, float max, int levels, uint16_t* lo_h, uint16_t* step_h, float* lo, float* step);
+// GroupRange over m groups at once (vectorised): reads mn/mx, writes the fp16 pair, their float
+// values and 1/step (0 for an empty range). Returns the index of the first group whose range
+// does not fit fp16, or m if all fit.
+size_t GroupRanges(const float* mn, const float* mx, size_t m, int levels, uint16_t* lo_h, uint16_t* step_h,
+                   float* lo, float* step, float* inv_step);
+
+// codes[i] = clamp(round((x[i] - lo[c]) / step[c]), 0, levels), c = i % n_channel
+// (per-channel: one lo/step per column of a [rows][n_channel] block).
+void QuantizeColumns(const float* x, size_t rows, size_t n_channel, const float* lo, const float* inv_step,
+                     int levels, uint8_t* codes);
+// Per row and per group of `group` columns: one lo/step per (row, group).
+void QuantizeRowGroups(const float* x, size_t rows, size_t n_channel, size_t group, const float* lo,
+                       const float* inv_step, int levels, uint8_t* codes);
+void DequantizeColumns(const uint8_t* codes, size_t rows, size_t n_channel, const float* lo, const float* step,
+                       float* x);
+void DequantizeRowGroups(const uint8_t* codes, size_t rows, size_t n_channel, size_t group, const float* lo,
+                         const float* step, float* x);
+
+// Column-wise min and max of a [rows][n_channel] block.
+void ColumnMinMax(const float* x, size_t rows, size_t n_channel, float* mn, float* mx);
+// Min and max of every (row, group of `group` columns) of a [rows][n_channel] block, row-major
+// in (row, group) order.
+void RowGroupMinMax(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx);
+
+// Fused fp16 paths (the common case: fp16 KV in, fp16 KV out). Each equals its plain
+// counterpart (convert to float, then the float kernel) and uses AVX-512 when the build has it
+// and the widths are multiples of 16; otherwise it runs that plain composition.
+// Converts a [rows][n_channel] fp16 block to float and takes column min/max in one pass.
+void ConvertColumnMinMaxF16(const uint16_t* src, size_t rows, size_t n_channel, float* x, float* mn, float* mx);
+// As RowGroupMinMax, vectorised over each group.
+void RowGroupMinMaxFast(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx);
+void QuantizeColumnsFast(const float* x, size_t rows, size_t n_channel, const float* lo, const float* inv_step,
+                         int levels, uint8_t* codes);
+void QuantizeRowGroupsFast(const float* x, size_t rows, size_t n_channel, size_t group, const float* lo,
+                           const float* inv_step, int levels, uint8_t* codes);
+// Dequantise straight into fp16 with streaming stores.
+void DequantizeColumnsF16(const uint8_t* codes, size_t rows, size_t n_channel, const float* lo, const float* step,
+                          float* scratch, uint16_t* dst);
+void DequantizeRowGroupsF16(const uint8_t* codes, size_t rows, size_t n_channel, size_t group, const float* lo,
+                            const float* step, float* scratch, uint16_t* dst);
+
+}  // namespace kvserve::quant

@@ -1,0 +1,68 @@
+// The stage registry: the one list of stages, their typed parameter descriptions and factories.
+// Adding a stage = one file defining a StageRegistration + one line here.
+#include "codec/stage.h"
+
+namespace kvserve {
+
+const std::vector<StageRegistration>& StageRegistry() {
+  static const std::vector<StageRegistration> kRegistry = {
+      CastStageRegistration(),
+      QuantStageRegistration(),
+      ZstdStageRegistration(),
+  };
+  return kRegistry;
+}
+
+const std::vector<StageInfo>& RegisteredStages() {
+  static const std::vector<StageInfo> kInfos = [] {
+    std::vector<StageInfo> v;
+    for (const auto& r : StageRegistry()) v.push_back(r.info);
+    return v;
+  }();
+  return kInfos;
+}
+
+const StageInfo* FindStageInfo(std::string_view name) {
+  for (const auto& info : RegisteredStages()) {
+    if (info.name == name) return &info;
+  }
+  return nullptr;
+}
+
+Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) {
+  for (const auto& r : StageRegistry()) {
+    if (r.info.name == spec.name) return r.factory(spec);
+  }
+  return Status::NotFound("unknown stage '" + spec.name + "'");
+}
+
+const char* DataKindName(DataKind kind) { return kind == DataKind::kTensor ? "tensor" : "bytes"; }
+
+const ParamSpec* StageInfo::FindParam(std::string_view key) const {
+  for (const auto& p : params) {
+    if (p.name == key) return &p;
+  }
+  return nullptr;
+}
+
+std::string ParamSpec::RangeText() const {
+  auto num = [](double v, bool integral) {
+    if (integral) return std::to_string(static_cast<long long>(v));
+    std::string s = std::to_string(v);
+    while (s.size() > 1 && s.back() == '0') s.pop_back();
+    if (s.back() == '.') s += '0';
+    return s;
+  };
+  switch (type) {
+    case Type::kInt: return num(min, true) + ".." + num(max, true);
+    case Type::kFloat: return num(min, false) + ".." + num(max, false);
+    case Type::kEnum: {
+      std::string s;
+      for (const auto& c : choices) s += (s.empty() ? "" : "|") + c;
+      return s;
+    }
+  }
+  return "";
+}
+
+}  // namespace kvserve

@@ -1,0 +1,230 @@
+// Strategy spec parsing and canonical printing. The registry's ParamSpecs are the only source of
+// which keys and values a stage accepts.
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+#include "codec/stage.h"
+#include "kvserve/codec.h"
+
+namespace kvserve {
+namespace {
+
+class Lexer {
+ public:
+  explicit Lexer(std::string_view s) : s_(s) {}
+  void SkipSpace() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool AtEnd() { SkipSpace(); return i_ >= s_.size(); }
+  bool Consume(char c) {
+    SkipSpace();
+    if (i_ < s_.size() && s_[i_] == c) { ++i_; return true; }
+    return false;
+  }
+  char Peek() { SkipSpace(); return i_ < s_.size() ? s_[i_] : '\0'; }
+  // Identifiers and values: letters, digits, '_', '-', '.', '+'.
+  std::string_view Word() {
+    SkipSpace();
+    size_t b = i_;
+    while (i_ < s_.size()) {
+      char c = s_[i_];
+      if (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == '+') ++i_;
+      else break;
+    }
+    return s_.substr(b, i_ - b);
+  }
+  size_t pos() const { return i_ + 1; }  // 1-based, as a person counts
+
+ private:
+  std::string_view s_;
+  size_t i_ = 0;
+};
+
+Status SpecError(size_t pos, const std::string& what) {
+  return Status::InvalidArgument("strategy position " + std::to_string(pos) + ": " + what);
+}
+
+std::string FormatFloat(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+// Checks `value` against `p` and returns its canonical text.
+Result<std::string> CanonicalValue(const StageInfo& stage, const ParamSpec& p, std::string_view value, size_t pos) {
+  auto out_of_range = [&]() {
+    return SpecError(pos, "stage '" + stage.name + "' parameter " + p.name + "=" + std::string(value) +
+                              " out of range (expected " + p.RangeText() + ")");
+  };
+  switch (p.type) {
+    case ParamSpec::Type::kInt: {
+      long long v = 0;
+      const char* b = value.data();
+      const char* e = value.data() + value.size();
+      if (!value.empty() && *b == '+') ++b;
+      auto r = std::from_chars(b, e, v);
+      if (value.empty() || r.ec != std::errc() || r.ptr != e) {
+        return SpecError(pos, "stage '" + stage.name + "' parameter " + p.name + "='" + std::string(value) +
+                                  "' is not an integer (expected " + p.RangeText() + ")");
+      }
+      if (v < p.min || v > p.max) return out_of_range();
+      return std::to_string(v);
+    }
+    case ParamSpec::Type::kFloat: {
+      std::string tmp(value);
+      char* end = nullptr;
+      double v = std::strtod(tmp.c_str(), &end);
+      if (tmp.empty() || end != tmp.c_str() + tmp.size() || !std::isfinite(v)) {
+        return SpecError(pos, "stage '" + stage.name + "' parameter " + p.name + "='" + tmp +
+                                  "' is not a number (expected " + p.RangeText() + ")");
+      }
+      if (v < p.min || v > p.max) return out_of_range();
+      return FormatFloat(v);
+    }
+    case ParamSpec::Type::kEnum:
+      for (const auto& c : p.choices) {
+        if (c == value) return c;
+      }
+      return SpecError(pos, "stage '" + stage.name + "' parameter " + p.name + "='" + std::string(value) +
+                                "' is not one of " + p.RangeText());
+  }
+  return Status::Internal("unhandled parameter type");
+}
+
+Result<StageSpec> ParseStage(Lexer& lx) {
+  const size_t name_pos = lx.pos();
+  const std::string name(lx.Word());
+  if (name.empty()) {
+    char c = lx.Peek();
+    return SpecError(name_pos, c ? std::string("expected a stage name, found '") + c + "'"
+                                 : std::string("expected a stage name, found the end of the spec"));
+  }
+  const StageInfo* info = FindStageInfo(name);
+  if (info == nullptr) {
+    std::string known;
+    for (const auto& s : RegisteredStages()) known += (known.empty() ? "" : ", ") + s.name;
+    return SpecError(name_pos, "unknown stage '" + name + "' (known: none, " + known + ")");
+  }
+  std::vector<std::pair<std::string, std::string>> given;
+  if (lx.Consume('(')) {
+    if (!lx.Consume(')')) {
+      while (true) {
+        const size_t key_pos = lx.pos();
+        const std::string key(lx.Word());
+        if (key.empty()) return SpecError(key_pos, "expected a parameter name in stage '" + name + "'");
+        const ParamSpec* p = info->FindParam(key);
+        if (p == nullptr) {
+          std::string known;
+          for (const auto& q : info->params) known += (known.empty() ? "" : ", ") + q.name;
+          return SpecError(key_pos, "stage '" + name + "' has no parameter '" + key + "' (known: " +
+                                        (known.empty() ? "none" : known) + ")");
+        }
+        for (const auto& kv : given) {
+          if (kv.first == key) return SpecError(key_pos, "stage '" + name + "' parameter '" + key + "' given twice");
+        }
+        if (!lx.Consume('=')) return SpecError(lx.pos(), "expected '=' after parameter '" + key + "'");
+        const size_t value_pos = lx.pos();
+        const std::string_view value = lx.Word();
+        KV_ASSIGN_OR_RETURN(std::string canon, CanonicalValue(*info, *p, value, value_pos));
+        given.emplace_back(key, std::move(canon));
+        if (lx.Consume(')')) break;
+        if (!lx.Consume(',')) {
+          char c = lx.Peek();
+          return SpecError(lx.pos(), std::string("expected ',' or ')' in stage '") + name + "', found " +
+                                         (c ? std::string("'") + c + "'" : std::string("the end of the spec")));
+        }
+      }
+    }
+  }
+  StageSpec st;
+  st.name = name;
+  for (const auto& p : info->params) {
+    std::string v = p.default_value;
+    for (const auto& kv : given) {
+      if (kv.first == p.name) v = kv.second;
+    }
+    st.params.emplace_back(p.name, v);
+  }
+  return st;
+}
+
+}  // namespace
+
+const std::string& StageSpec::Get(std::string_view key) const {
+  for (const auto& kv : params) {
+    if (kv.first == key) return kv.second;
+  }
+  static const std::string kEmpty;
+  return kEmpty;
+}
+int64_t StageSpec::GetInt(std::string_view key) const { return std::strtoll(Get(key).c_str(), nullptr, 10); }
+double StageSpec::GetFloat(std::string_view key) const { return std::strtod(Get(key).c_str(), nullptr); }
+
+std::string StageSpec::Canonical() const {
+  if (params.empty()) return name;
+  std::string s = name + "(";
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (i) s += ',';
+    s += params[i].first;
+    s += '=';
+    s += params[i].second;
+  }
+  return s + ")";
+}
+
+std::string StrategySpec::Canonical() const {
+  if (stages.empty()) return "none";
+  std::string s;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (i) s += '|';
+    s += stages[i].Canonical();
+  }
+  return s;
+}
+
+Result<StrategySpec> ParseStrategy(std::string_view text) {
+  Lexer lx(text);
+  StrategySpec spec;
+  if (lx.AtEnd()) return SpecError(1, "empty strategy (use 'none' for no compression)");
+  {
+    Lexer probe(text);
+    if (probe.Word() == "none" && probe.AtEnd()) return spec;
+  }
+  DataKind kind = DataKind::kTensor;
+  std::string producer = "the input KV";
+  size_t index = 0;
+  while (true) {
+    const size_t stage_pos = lx.pos();
+    {
+      Lexer probe = lx;
+      if (probe.Word() == "none") return SpecError(stage_pos, "'none' must stand alone, not inside a chain");
+    }
+    KV_ASSIGN_OR_RETURN(StageSpec st, ParseStage(lx));
+    const StageInfo* info = FindStageInfo(st.name);
+    ++index;
+    if (info->input != kind) {
+      return SpecError(stage_pos, "stage " + std::to_string(index) + " '" + st.name + "' consumes " +
+                                      DataKindName(info->input) + ", but " + producer + " produces " +
+                                      DataKindName(kind));
+    }
+    kind = info->output;
+    producer = "stage " + std::to_string(index) + " '" + st.name + "'";
+    spec.stages.push_back(std::move(st));
+    if (lx.AtEnd()) break;
+    if (!lx.Consume('|')) {
+      return SpecError(lx.pos(), std::string("expected '|' between stages, found '") + lx.Peek() + "'");
+    }
+  }
+  return spec;
+}
+
+Result<std::string> CanonicalStrategy(std::string_view text) {
+  KV_ASSIGN_OR_RETURN(StrategySpec s, ParseStrategy(text));
+  return s.Canonical();
+}
+
+}  // namespace kvserve

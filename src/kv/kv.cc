@@ -1,0 +1,191 @@
+// KvShape / KvBlock: validation, element access, chunking and error statistics.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kvserve/kv.h"
+
+namespace kvserve {
+
+namespace {
+// Hard ceiling on one block: 2^32 elements (8 GiB of f16). A frame that claims more is refused
+// before anything is allocated.
+constexpr uint64_t kMaxKvElements = uint64_t{1} << 32;
+}  // namespace
+
+Status KvShape::Validate() const {
+  auto bad = [&](const char* field, uint32_t v, uint32_t hi) {
+    return Status::InvalidArgument(std::string("shape field ") + field + "=" + std::to_string(v) +
+                                   " out of range [1, " + std::to_string(hi) + "]");
+  };
+  if (n_layer == 0 || n_layer > 4096) return bad("n_layer", n_layer, 4096);
+  if (n_head_kv == 0 || n_head_kv > 4096) return bad("n_head_kv", n_head_kv, 4096);
+  if (head_dim == 0 || head_dim > 65536) return bad("head_dim", head_dim, 65536);
+  if (numel() > kMaxKvElements) {
+    return Status::OutOfRange("shape " + ToString() + " has " + std::to_string(numel()) +
+                              " elements, above the limit of " + std::to_string(kMaxKvElements));
+  }
+  return Status::Ok();
+}
+
+std::string KvShape::ToString() const {
+  return std::to_string(n_layer) + "x" + std::to_string(n_head_kv) + "x" + std::to_string(n_token) + "x" +
+         std::to_string(head_dim);
+}
+
+Result<KvShape> ShapePreset(std::string_view name, uint32_t n_token) {
+  if (name == "llama3-8b") return KvShape{32, 8, n_token, 128};
+  if (name == "stories260k" || name == "stories260K") return KvShape{5, 4, n_token, 8};
+  if (name == "babyllama105") return KvShape{5, 4, n_token, 16};
+  return Status::InvalidArgument("unknown shape preset '" + std::string(name) +
+                                 "' (expected llama3-8b, stories260k or babyllama105)");
+}
+
+Result<KvBlock> KvBlock::Create(const KvShape& shape, DType dtype) {
+  KvBlock b;
+  KV_RETURN_IF_ERROR(b.Reset(shape, dtype));
+  std::fill(b.data_.begin(), b.data_.end(), 0);
+  return b;
+}
+
+Status KvBlock::Reset(const KvShape& shape, DType dtype) {
+  KV_RETURN_IF_ERROR(shape.Validate());
+  shape_ = shape;
+  dtype_ = dtype;
+  data_.resize(shape.numel() * DTypeSize(dtype));
+  return Status::Ok();
+}
+
+float KvBlock::Get(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d) const {
+  const size_t i = size_t{token} * shape_.head_dim + d;
+  const uint8_t* s = slab(layer, part, head);
+  switch (dtype_) {
+    case DType::kF32: { float f; std::memcpy(&f, s + 4 * i, 4); return f; }
+    case DType::kF16: { uint16_t h; std::memcpy(&h, s + 2 * i, 2); return HalfToFloat(h); }
+    case DType::kBF16: { uint16_t h; std::memcpy(&h, s + 2 * i, 2); return BFloat16ToFloat(h); }
+  }
+  return 0;
+}
+
+void KvBlock::Set(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d, float v) {
+  const size_t i = size_t{token} * shape_.head_dim + d;
+  ConvertFromF32(dtype_, &v, slab(layer, part, head) + DTypeSize(dtype_) * i, 1);
+}
+
+Result<KvBlock> KvBlock::ConvertTo(DType dtype) const {
+  KvBlock out;
+  KV_RETURN_IF_ERROR(out.Reset(shape_, dtype));
+  out.token_offset_ = token_offset_;
+  if (dtype == dtype_) {
+    std::memcpy(out.data(), data(), bytes());
+    return out;
+  }
+  const size_t n = shape_.numel();
+  if (dtype_ == DType::kF32) {
+    ConvertFromF32(dtype, f32(), out.data(), n);
+  } else if (dtype == DType::kF32) {
+    ConvertToF32(dtype_, data(), out.f32(), n);
+  } else {
+    std::vector<float> tmp(n);
+    ConvertToF32(dtype_, data(), tmp.data(), n);
+    ConvertFromF32(dtype, tmp.data(), out.data(), n);
+  }
+  return out;
+}
+
+Result<KvBlock> KvBlock::SliceTokens(uint32_t begin, uint32_t count) const {
+  if (uint64_t{begin} + count > shape_.n_token) {
+    return Status::InvalidArgument("token slice [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
+                                   ") exceeds n_token=" + std::to_string(shape_.n_token));
+  }
+  KvShape s = shape_;
+  s.n_token = count;
+  KvBlock out;
+  KV_RETURN_IF_ERROR(out.Reset(s, dtype_));
+  out.token_offset_ = token_offset_ + begin;
+  const size_t row = size_t{shape_.head_dim} * DTypeSize(dtype_);
+  for (uint64_t i = 0; i < shape_.n_slab(); ++i) {
+    std::memcpy(out.slab_at(i), slab_at(i) + begin * row, count * row);
+  }
+  return out;
+}
+
+Result<std::vector<KvBlock>> SplitIntoChunks(const KvBlock& block, uint32_t chunk_tokens) {
+  if (chunk_tokens == 0) return Status::InvalidArgument("chunk_tokens=0 must be positive");
+  std::vector<KvBlock> chunks;
+  for (uint32_t t = 0; t < block.shape().n_token; t += chunk_tokens) {
+    KV_ASSIGN_OR_RETURN(KvBlock c, block.SliceTokens(t, std::min(chunk_tokens, block.shape().n_token - t)));
+    chunks.push_back(std::move(c));
+  }
+  return chunks;
+}
+
+Result<KvBlock> JoinChunks(const std::vector<KvBlock>& chunks) {
+  if (chunks.empty()) return Status::InvalidArgument("no chunks to join");
+  KvShape s = chunks[0].shape();
+  s.n_token = 0;
+  for (const KvBlock& c : chunks) {
+    KvShape cs = c.shape();
+    if (cs.n_layer != s.n_layer || cs.n_head_kv != s.n_head_kv || cs.head_dim != s.head_dim ||
+        c.dtype() != chunks[0].dtype()) {
+      return Status::InvalidArgument("chunk shape " + cs.ToString() + " does not match " + chunks[0].shape().ToString());
+    }
+    if (c.token_offset() != chunks[0].token_offset() + s.n_token) {
+      return Status::InvalidArgument("chunk at token_offset=" + std::to_string(c.token_offset()) +
+                                     " is out of order (expected " +
+                                     std::to_string(chunks[0].token_offset() + s.n_token) + ")");
+    }
+    s.n_token += cs.n_token;
+  }
+  KvBlock out;
+  KV_RETURN_IF_ERROR(out.Reset(s, chunks[0].dtype()));
+  out.set_token_offset(chunks[0].token_offset());
+  const size_t row = size_t{s.head_dim} * DTypeSize(out.dtype());
+  size_t t0 = 0;
+  for (const KvBlock& c : chunks) {
+    for (uint64_t i = 0; i < s.n_slab(); ++i) {
+      std::memcpy(out.slab_at(i) + t0 * row, c.slab_at(i), c.shape().n_token * row);
+    }
+    t0 += c.shape().n_token;
+  }
+  return out;
+}
+
+Result<KvCompareResult> CompareKv(const KvBlock& reference, const KvBlock& test) {
+  if (!(reference.shape() == test.shape())) {
+    return Status::InvalidArgument("shapes differ: " + reference.shape().ToString() + " vs " +
+                                   test.shape().ToString());
+  }
+  const KvShape& s = reference.shape();
+  const size_t n = s.slab_numel();
+  std::vector<float> a(n), b(n);
+  KvCompareResult out;
+  for (int part = 0; part < 2; ++part) {
+    double sum_ref2 = 0, sum_err2 = 0, sum_abs = 0, max_abs = 0, dot = 0, sum_test2 = 0;
+    for (uint32_t l = 0; l < s.n_layer; ++l) {
+      for (uint32_t h = 0; h < s.n_head_kv; ++h) {
+        ConvertToF32(reference.dtype(), reference.slab(l, KvPart(part), h), a.data(), n);
+        ConvertToF32(test.dtype(), test.slab(l, KvPart(part), h), b.data(), n);
+        for (size_t i = 0; i < n; ++i) {
+          const double r = a[i], t = b[i], e = std::fabs(r - t);
+          sum_ref2 += r * r;
+          sum_test2 += t * t;
+          sum_err2 += e * e;
+          sum_abs += e;
+          dot += r * t;
+          max_abs = std::max(max_abs, e);
+        }
+      }
+    }
+    const double count = double(s.numel()) / 2;
+    KvErrorStats& st = part == 0 ? out.k : out.v;
+    st.max_abs = max_abs;
+    st.mean_abs = count > 0 ? sum_abs / count : 0;
+    // An exact copy has infinite SNR; 200 dB stands for it so JSON stays finite.
+    st.snr_db = sum_err2 > 0 ? std::min(200.0, 10 * std::log10(sum_ref2 / sum_err2)) : 200.0;
+    st.cosine = (sum_ref2 > 0 && sum_test2 > 0) ? dot / std::sqrt(sum_ref2 * sum_test2) : 1.0;
+  }
+  return out;
+}
+
+}  // namespace kvserve

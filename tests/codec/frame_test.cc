@@ -1,0 +1,129 @@
+// Frame verification: every flipped byte and every truncation is caught, lengths cannot force
+// large allocations, and each failure says what it is.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "kvserve/codec.h"
+#include "kvserve/frame.h"
+#include "kvserve/synth.h"
+
+namespace kvserve {
+namespace {
+
+ByteBuffer SmallFrame(const std::string& spec) {
+  KvBlock b = SynthesizeKv(KvShape{2, 2, 12, 8}, {.seed = 9}).value();
+  return EncodeKv(b, spec).value();
+}
+
+TEST(Frame, HeaderFieldsRoundTrip) {
+  KvBlock b = SynthesizeKv(KvShape{2, 3, 12, 8}, {.seed = 9, .dtype = DType::kBF16}).value();
+  b.set_token_offset(512);
+  ByteBuffer f = EncodeKv(b, "quant(kbits=3)|zstd").value();
+  FrameView v = ParseFrame(f).value();
+  EXPECT_EQ(v.header.shape, b.shape());
+  EXPECT_EQ(v.header.dtype, DType::kBF16);
+  EXPECT_EQ(v.header.token_offset, 512u);
+  EXPECT_EQ(v.header.spec, CanonicalStrategy("quant(kbits=3)|zstd").value());
+  EXPECT_EQ(v.header.frame_len(), f.size());
+  EXPECT_EQ(PeekFrameLength(std::span(f).first(kFrameFixedHeader)).value(), f.size());
+  KvBlock out;
+  ASSERT_TRUE(DecodeKv(f, &out).ok());
+  EXPECT_EQ(out.token_offset(), 512u);
+  EXPECT_EQ(out.dtype(), DType::kBF16);
+}
+
+TEST(Frame, EverySingleByteFlipIsDetected) {
+  for (const char* spec : {"none", "quant(kbits=2,vbits=2)|zstd"}) {
+    const ByteBuffer good = SmallFrame(spec);
+    KvBlock out;
+    for (size_t i = 0; i < good.size(); ++i) {
+      for (uint8_t mask : {0x01, 0x80, 0xff}) {
+        ByteBuffer bad = good;
+        bad[i] ^= mask;
+        Status st = DecodeKv(bad, &out);
+        ASSERT_FALSE(st.ok()) << spec << ": flip at byte " << i << " mask " << int(mask) << " went unnoticed";
+      }
+    }
+  }
+}
+
+TEST(Frame, EveryTruncationIsRejected) {
+  const ByteBuffer good = SmallFrame("quant(kbits=4,vbits=2)");
+  KvBlock out;
+  for (size_t n = 0; n < good.size(); ++n) {
+    Status st = DecodeKv(std::span(good).first(n), &out);
+    ASSERT_FALSE(st.ok()) << "truncated to " << n;
+    if (n >= 6) EXPECT_EQ(st.code(), StatusCode::kCorrupt) << n << ": " << st.message();
+  }
+  ByteBuffer longer = good;
+  longer.push_back(0);
+  EXPECT_NE(DecodeKv(longer, &out).message().find("length mismatch"), std::string::npos);
+}
+
+TEST(Frame, EachFailureHasItsOwnMessage) {
+  const ByteBuffer good = SmallFrame("none");
+  KvBlock out;
+  ByteBuffer b = good;
+  b[0] = 'X';
+  EXPECT_NE(DecodeKv(b, &out).message().find("bad magic"), std::string::npos);
+  b = good;
+  b[4] = 9;
+  Status st = DecodeKv(b, &out);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_NE(st.message().find("version 9"), std::string::npos);
+  b = good;
+  b[good.size() / 2] ^= 1;
+  EXPECT_NE(DecodeKv(b, &out).message().find("checksum mismatch"), std::string::npos);
+  EXPECT_NE(DecodeKv(std::span(good).first(20), &out).message().find("truncated"), std::string::npos);
+}
+
+// A frame that is well formed and correctly checksummed but declares an enormous shape must be
+// refused from the header alone.
+TEST(Frame, HugeDeclaredShapeDoesNotAllocate) {
+  ByteBuffer f;
+  FrameHeader h;
+  h.shape = KvShape{32, 8, 1u << 16, 128};  // 2^31 elements, 4 GiB of f16
+  h.dtype = DType::kF16;
+  h.spec = "none";
+  AppendFrameHeader(h, &f);
+  f.push_back(0);
+  ASSERT_TRUE(FinishFrame(&f, 0).ok());
+  KvBlock out;
+  CodecOptions o;
+  o.max_decoded_bytes = 1 << 20;
+  Status st = DecodeKv(f, &out, o);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+  // Under the default limit the identity payload size check refuses it, still before allocating.
+  st = DecodeKv(f, &out);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+  EXPECT_EQ(out.bytes(), 0u);
+  // An oversized payload_len in a short buffer is a truncation, not an allocation.
+  ByteBuffer g = SmallFrame("none");
+  const uint64_t huge = uint64_t{1} << 60;
+  std::memcpy(g.data() + 32, &huge, 8);
+  EXPECT_EQ(DecodeKv(g, &out).code(), StatusCode::kCorrupt);
+  EXPECT_FALSE(PeekFrameLength(g).ok());
+}
+
+TEST(Frame, FileWriteIsAtomicAndReadBack) {
+  const std::string dir = ::testing::TempDir() + "/kvserve_frame_test";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/x.kvf";
+  KvBlock b = SynthesizeKv(KvShape{1, 2, 5, 8}, {}).value();
+  ASSERT_TRUE(WriteKvFile(path, b).ok());
+  KvBlock r = ReadKvFile(path).value();
+  EXPECT_EQ(std::memcmp(r.data(), b.data(), b.bytes()), 0);
+  for (const auto& e : std::filesystem::directory_iterator(dir)) EXPECT_EQ(e.path().filename(), "x.kvf");
+  // Writing into a missing folder fails cleanly and leaves nothing behind.
+  Status st = WriteKvFile(dir + "/missing/y.kvf", b);
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  auto missing = ReadKvFile(dir + "/nope.kvf");
+  EXPECT_EQ(missing.status().code(), StatusCode::kIoError);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvserve

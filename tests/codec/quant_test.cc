@@ -1,0 +1,224 @@
+// quant stage: packing layout, SIMD kernels against scalar references, the half-step error bound,
+// residual window, group clamping, and malformed payloads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "codec/quant_kernels.h"
+#include "kvserve/codec.h"
+#include "kvserve/frame.h"
+#include "kvserve/synth.h"
+
+namespace kvserve {
+namespace {
+
+TEST(QuantPack, MatchesReferenceAndRoundTripsForEveryWidth) {
+  std::mt19937 rng(5);
+  for (int bits = 1; bits <= 8; ++bits) {
+    for (size_t n : {8u, 64u, 1024u, 4096u + 8}) {
+      std::vector<uint8_t> codes(n), fast(quant::PackedBytes(n, bits)), ref(fast.size()), back(n);
+      for (auto& c : codes) c = uint8_t(rng() & ((1u << bits) - 1));
+      quant::PackCodes(codes.data(), n, bits, fast.data());
+      quant::PackCodesReference(codes.data(), n, bits, ref.data());
+      ASSERT_EQ(fast, ref) << "bits " << bits << " n " << n;
+      quant::UnpackCodes(fast.data(), n, bits, back.data());
+      ASSERT_EQ(back, codes) << "bits " << bits << " n " << n;
+      EXPECT_EQ(fast.size(), n * bits / 8);
+    }
+  }
+}
+
+TEST(QuantKernels, FastPathsEqualPlainOnes) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0, 3);
+  for (size_t D : {8u, 16u, 128u}) {
+    for (size_t group : {8u, 16u, 32u, 128u}) {
+      if (group > D) continue;
+      const size_t rows = 32, n = rows * D, ng = D / group;
+      std::vector<float> x(n);
+      std::vector<uint16_t> h(n);
+      for (auto& v : x) v = nd(rng);
+      ConvertFromF32(DType::kF16, x.data(), h.data(), n);
+      ConvertToF32(DType::kF16, h.data(), x.data(), n);
+      // column min/max
+      std::vector<float> x2(n), mn(D), mx(D), mn2(D), mx2(D);
+      quant::ConvertColumnMinMaxF16(h.data(), rows, D, x2.data(), mn2.data(), mx2.data());
+      quant::ColumnMinMax(x.data(), rows, D, mn.data(), mx.data());
+      EXPECT_EQ(x, x2);
+      EXPECT_EQ(mn, mn2);
+      EXPECT_EQ(mx, mx2);
+      // row-group min/max
+      std::vector<float> rmn(rows * ng), rmx(rows * ng), rmn2(rows * ng), rmx2(rows * ng);
+      quant::RowGroupMinMax(x.data(), rows, D, group, rmn.data(), rmx.data());
+      quant::RowGroupMinMaxFast(x.data(), rows, D, group, rmn2.data(), rmx2.data());
+      EXPECT_EQ(rmn, rmn2);
+      EXPECT_EQ(rmx, rmx2);
+      for (int bits : {2, 4, 8}) {
+        const int L = (1 << bits) - 1;
+        std::vector<float> lo(D), st(D), inv(D);
+        std::vector<uint16_t> loh(D), sth(D);
+        ASSERT_EQ(quant::GroupRanges(mn.data(), mx.data(), D, L, loh.data(), sth.data(), lo.data(), st.data(), inv.data()), D);
+        std::vector<uint8_t> c1(n), c2(n);
+        quant::QuantizeColumns(x.data(), rows, D, lo.data(), inv.data(), L, c1.data());
+        quant::QuantizeColumnsFast(x.data(), rows, D, lo.data(), inv.data(), L, c2.data());
+        ASSERT_EQ(c1, c2) << "D " << D << " bits " << bits;
+        std::vector<float> deq(n), scratch(n);
+        std::vector<uint16_t> ref(n), fast(n + 16);
+        quant::DequantizeColumns(c1.data(), rows, D, lo.data(), st.data(), deq.data());
+        ConvertFromF32(DType::kF16, deq.data(), ref.data(), n);
+        quant::DequantizeColumnsF16(c1.data(), rows, D, lo.data(), st.data(), scratch.data(), fast.data());
+        for (size_t i = 0; i < n; ++i) ASSERT_LE(std::abs(int(ref[i]) - int(fast[i])), 1) << i;
+
+        std::vector<float> glo(rows * ng), gst(rows * ng), ginv(rows * ng);
+        std::vector<uint16_t> gloh(rows * ng), gsth(rows * ng);
+        quant::GroupRanges(rmn.data(), rmx.data(), rows * ng, L, gloh.data(), gsth.data(), glo.data(), gst.data(),
+                           ginv.data());
+        quant::QuantizeRowGroups(x.data(), rows, D, group, glo.data(), ginv.data(), L, c1.data());
+        quant::QuantizeRowGroupsFast(x.data(), rows, D, group, glo.data(), ginv.data(), L, c2.data());
+        ASSERT_EQ(c1, c2);
+        quant::DequantizeRowGroups(c1.data(), rows, D, group, glo.data(), gst.data(), deq.data());
+        ConvertFromF32(DType::kF16, deq.data(), ref.data(), n);
+        quant::DequantizeRowGroupsF16(c1.data(), rows, D, group, glo.data(), gst.data(), scratch.data(), fast.data());
+        for (size_t i = 0; i < n; ++i) ASSERT_LE(std::abs(int(ref[i]) - int(fast[i])), 1) << i;
+      }
+    }
+  }
+}
+
+TEST(QuantKernels, GroupRangesEqualsScalarGroupRange) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-100, 100);
+  const size_t m = 333;
+  std::vector<float> mn(m), mx(m), lo(m), st(m), inv(m);
+  std::vector<uint16_t> loh(m), sth(m);
+  for (size_t i = 0; i < m; ++i) {
+    float a = u(rng), b = u(rng);
+    if (i % 7 == 0) b = a;  // empty range
+    if (i % 11 == 0) a = 0, b = 1e-6f;  // subnormal territory
+    mn[i] = std::min(a, b), mx[i] = std::max(a, b);
+  }
+  for (int L : {1, 3, 15, 255}) {
+    ASSERT_EQ(quant::GroupRanges(mn.data(), mx.data(), m, L, loh.data(), sth.data(), lo.data(), st.data(), inv.data()), m);
+    for (size_t i = 0; i < m; ++i) {
+      uint16_t lh, sh;
+      float l, s;
+      ASSERT_TRUE(quant::GroupRange(mn[i], mx[i], L, &lh, &sh, &l, &s));
+      EXPECT_EQ(lh, loh[i]);
+      EXPECT_EQ(sh, sth[i]);
+      EXPECT_LE(lo[i], mn[i]);
+      EXPECT_GE(lo[i] + L * st[i], mx[i] - 1e-5f * std::fabs(mx[i]) - 1e-6f);
+    }
+  }
+  mx[5] = 1e6f;  // beyond fp16
+  EXPECT_EQ(quant::GroupRanges(mn.data(), mx.data(), m, 15, loh.data(), sth.data(), lo.data(), st.data(), inv.data()), 5u);
+}
+
+// Every value decodes to within half a step of its group's range. With f32 in and out nothing
+// else rounds, so the bound is tight.
+TEST(QuantStage, ErrorWithinHalfStepOfEachGroup) {
+  KvShape shape{2, 2, 100, 16};
+  KvBlock in = SynthesizeKv(shape, {.seed = 2, .dtype = DType::kF32}).value();
+  for (int bits = 1; bits <= 8; ++bits) {
+    for (const char* kaxis : {"channel", "token"}) {
+      for (int group : {1, 8, 32, 1000}) {
+        const std::string spec = "quant(kbits=" + std::to_string(bits) + ",vbits=" + std::to_string(bits) +
+                                 ",kaxis=" + kaxis + ",vaxis=" + kaxis + ",group=" + std::to_string(group) + ")";
+        auto frame = EncodeKv(in, spec);
+        ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+        KvBlock out;
+        ASSERT_TRUE(DecodeKv(frame.value(), &out).ok());
+        const bool channel = std::string(kaxis) == "channel";
+        const uint32_t g = channel ? std::min<uint32_t>(group, shape.n_token) : std::min<uint32_t>(group, shape.head_dim);
+        const int L = (1 << bits) - 1;
+        for (uint32_t l = 0; l < shape.n_layer; ++l)
+          for (int part = 0; part < 2; ++part)
+            for (uint32_t h = 0; h < shape.n_head_kv; ++h)
+              for (uint32_t t = 0; t < shape.n_token; ++t)
+                for (uint32_t d = 0; d < shape.head_dim; ++d) {
+                  // Recompute the group's range from the input.
+                  float mn = INFINITY, mx = -INFINITY;
+                  const uint32_t t0 = channel ? t / g * g : t, t1 = channel ? std::min(shape.n_token, t0 + g) : t + 1;
+                  const uint32_t d0 = channel ? d : d / g * g, d1 = channel ? d + 1 : std::min(shape.head_dim, d0 + g);
+                  for (uint32_t tt = t0; tt < t1; ++tt)
+                    for (uint32_t dd = d0; dd < d1; ++dd) {
+                      mn = std::min(mn, in.Get(l, KvPart(part), h, tt, dd));
+                      mx = std::max(mx, in.Get(l, KvPart(part), h, tt, dd));
+                    }
+                  uint16_t lh, sh;
+                  float lo, step;
+                  ASSERT_TRUE(quant::GroupRange(mn, mx, L, &lh, &sh, &lo, &step));
+                  const float err = std::fabs(in.Get(l, KvPart(part), h, t, d) - out.Get(l, KvPart(part), h, t, d));
+                  ASSERT_LE(err, 0.5f * step * (1 + 1e-5f) + 1e-6f) << spec << " t " << t << " d " << d;
+                }
+      }
+    }
+  }
+}
+
+TEST(QuantStage, ResidualTokensStayFp16Exact) {
+  KvShape shape{1, 2, 50, 8};
+  KvBlock in = SynthesizeKv(shape, {.seed = 4, .dtype = DType::kF16}).value();
+  KvBlock out;
+  auto frame = EncodeKv(in, "quant(kbits=2,vbits=2,residual=20)").value();
+  ASSERT_TRUE(DecodeKv(frame, &out).ok());
+  for (int part = 0; part < 2; ++part)
+    for (uint32_t t = 30; t < 50; ++t)
+      for (uint32_t d = 0; d < 8; ++d) EXPECT_EQ(in.Get(0, KvPart(part), 1, t, d), out.Get(0, KvPart(part), 1, t, d));
+  // Residual larger than the block: everything is kept.
+  frame = EncodeKv(in, "quant(kbits=2,vbits=2,residual=1000)").value();
+  ASSERT_TRUE(DecodeKv(frame, &out).ok());
+  EXPECT_EQ(std::memcmp(in.data(), out.data(), in.bytes()), 0);
+}
+
+TEST(QuantStage, GroupLargerThanAxisIsClampedAndRecorded) {
+  KvShape shape{1, 1, 10, 8};
+  KvBlock in = SynthesizeKv(shape, {.seed = 4}).value();
+  auto big = EncodeKv(in, "quant(group=4096)").value();
+  auto exact = EncodeKv(in, "quant(group=10)").value();
+  auto view = ParseFrame(big).value();
+  uint32_t kg, vg;
+  std::memcpy(&kg, view.payload.data() + 8, 4);
+  std::memcpy(&vg, view.payload.data() + 12, 4);
+  EXPECT_EQ(kg, 10u);  // K groups span tokens: clamped to n_token
+  EXPECT_EQ(vg, 8u);   // V groups span channels: clamped to head_dim
+  EXPECT_EQ(view.payload.size(), ParseFrame(exact).value().payload.size());
+}
+
+TEST(QuantStage, ThreadCountDoesNotChangeTheBytes) {
+  KvBlock in = SynthesizeKv(KvShape{3, 4, 77, 16}, {.seed = 8}).value();
+  auto a = EncodeKv(in, "quant(kbits=3,vbits=5,residual=9)", {.threads = 1}).value();
+  auto b = EncodeKv(in, "quant(kbits=3,vbits=5,residual=9)", {.threads = 3}).value();
+  EXPECT_EQ(a, b);
+  KvBlock o1, o2;
+  ASSERT_TRUE(DecodeKv(a, &o1, {.threads = 1}).ok());
+  ASSERT_TRUE(DecodeKv(a, &o2, {.threads = 3}).ok());
+  EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.bytes()), 0);
+}
+
+TEST(QuantStage, RejectsValuesBeyondFp16Metadata) {
+  KvBlock in = KvBlock::Create(KvShape{1, 1, 4, 8}, DType::kF32).value();
+  in.Set(0, KvPart::kKey, 0, 1, 1, 1e9f);
+  auto r = EncodeKv(in, "quant");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("layer 0 K head 0"), std::string::npos) << r.status().message();
+}
+
+TEST(QuantStage, MalformedPayloadIsRejected) {
+  // A frame whose quant payload header disagrees with its spec: re-checksummed, so only the
+  // stage's own verification can catch it.
+  KvBlock in = SynthesizeKv(KvShape{1, 1, 16, 8}, {}).value();
+  ByteBuffer f = EncodeKv(in, "quant(kbits=4,vbits=4)").value();
+  const size_t payload = kFrameFixedHeader + ParseFrame(f).value().header.spec.size();
+  f[payload + 1] = 3;  // kbits in the payload header
+  f.resize(f.size() - 8);
+  ASSERT_TRUE(FinishFrame(&f, 0).ok());
+  KvBlock out;
+  Status st = DecodeKv(f, &out);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("quant payload header"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace kvserve

@@ -1,0 +1,94 @@
+// dtype conversions: the vectorised paths against the scalar reference, and known values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kvserve/kv.h"
+
+namespace kvserve {
+namespace {
+
+TEST(DType, HalfRoundTripsEveryValue) {
+  std::vector<uint16_t> all(65536), back(65536);
+  std::vector<float> f(65536), fs(65536);
+  for (int i = 0; i < 65536; ++i) all[i] = uint16_t(i);
+  ConvertToF32(DType::kF16, all.data(), f.data(), all.size());
+  scalar::HalfToFloat(all.data(), fs.data(), all.size());
+  ConvertFromF32(DType::kF16, f.data(), back.data(), f.size());
+  for (int i = 0; i < 65536; ++i) {
+    if (std::isnan(fs[i])) {
+      EXPECT_TRUE(std::isnan(f[i])) << i;
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(&f[i], &fs[i], 4), 0) << "half " << i;
+    ASSERT_EQ(back[i], all[i]) << "half " << i;
+  }
+}
+
+TEST(DType, FloatToHalfMatchesScalarReference) {
+  std::mt19937 rng(7);
+  std::vector<float> src;
+  for (int e = -30; e <= 17; ++e) {
+    for (int k = 0; k < 400; ++k) {
+      std::uniform_real_distribution<float> u(1.0f, 2.0f);
+      src.push_back((k % 2 ? -1.f : 1.f) * std::ldexp(u(rng), e));
+    }
+  }
+  // Exact ties between two halves, and the overflow boundary.
+  src.push_back(1.0f + 1.0f / 2048);  // halfway between 1 and the next half: rounds to even (1)
+  src.push_back(1.0f + 3.0f / 2048);
+  src.push_back(65504.0f);
+  src.push_back(65519.99f);
+  src.push_back(65520.0f);  // rounds to inf
+  src.push_back(std::numeric_limits<float>::infinity());
+  src.push_back(0.0f);
+  src.push_back(-0.0f);
+  std::vector<uint16_t> fast(src.size()), ref(src.size());
+  ConvertFromF32(DType::kF16, src.data(), fast.data(), src.size());
+  scalar::FloatToHalf(src.data(), ref.data(), src.size());
+  for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(fast[i], ref[i]) << src[i];
+  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3c00);
+  EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3c02);
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);
+  EXPECT_EQ(FloatToHalf(-2.0f), 0xc000);
+  EXPECT_EQ(FloatToHalf(5.9604644775390625e-8f), 0x0001);  // smallest subnormal
+  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(std::nanf("")))));
+}
+
+TEST(DType, BFloat16RoundsToNearestEven) {
+  EXPECT_EQ(FloatToBFloat16(1.0f), 0x3f80);
+  EXPECT_EQ(BFloat16ToFloat(0x3f80), 1.0f);
+  // 1 + 2^-8 is halfway between bf16 1.0 and 1.0078125: ties to even (1.0).
+  EXPECT_EQ(FloatToBFloat16(1.0f + 1.0f / 256), 0x3f80);
+  EXPECT_EQ(FloatToBFloat16(1.0f + 3.0f / 256), 0x3f82);
+  std::vector<float> src = {0.1f, -3.5f, 1e30f, -1e-30f}, back(4);
+  std::vector<uint16_t> mid(4);
+  ConvertFromF32(DType::kBF16, src.data(), mid.data(), 4);
+  ConvertToF32(DType::kBF16, mid.data(), back.data(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(back[i], src[i], std::fabs(src[i]) / 128);
+}
+
+TEST(DType, StreamingConversionEqualsPlain) {
+  std::vector<float> src(1003);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = std::sin(float(i)) * 100;
+  ByteBuffer a(src.size() * 2 + 64), b(src.size() * 2 + 64);
+  ConvertFromF32(DType::kF16, src.data(), a.data(), src.size());
+  ConvertFromF32Streaming(DType::kF16, src.data(), b.data(), src.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), src.size() * 2), 0);
+  ConvertFromF32Streaming(DType::kF16, src.data(), b.data() + 2, src.size());  // unaligned destination
+  EXPECT_EQ(std::memcmp(a.data(), b.data() + 2, src.size() * 2), 0);
+}
+
+TEST(DType, ParseNames) {
+  EXPECT_EQ(ParseDType("f16").value(), DType::kF16);
+  EXPECT_EQ(ParseDType("bf16").value(), DType::kBF16);
+  EXPECT_EQ(ParseDType("f32").value(), DType::kF32);
+  auto bad = ParseDType("f8");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'f8'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvserve

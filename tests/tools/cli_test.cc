@@ -1,0 +1,117 @@
+// The CLI as a person uses it: help, the kv/codec round trip, and one clear line per error.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+CliRun Cli(const std::string& args) {
+  const std::string cmd = std::string(KVSERVE_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+int Lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/kvserve_cli_test";
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string P(const std::string& f) { return dir_ + "/" + f; }
+  std::string dir_;
+};
+
+TEST_F(CliTest, HelpForEveryCommand) {
+  for (const char* c : {"--help", "info --help", "kv synth --help", "codec encode --help", "codec decode --help",
+                        "codec compare --help", "codec bench --help"}) {
+    CliRun r = Cli(c);
+    EXPECT_EQ(r.code, 0) << c << "\n" << r.out;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << c;
+  }
+  CliRun info = Cli("info");
+  EXPECT_EQ(info.code, 0);
+  EXPECT_NE(info.out.find("quant"), std::string::npos);
+  EXPECT_NE(info.out.find("kbits      1..8"), std::string::npos);
+}
+
+TEST_F(CliTest, SynthEncodeDecodeCompare) {
+  ASSERT_EQ(Cli("kv synth --shape stories260k --tokens 100 --seed 3 -o " + P("a.kvf")).code, 0);
+  CliRun e = Cli("codec encode -s 'quant(kbits=4,vbits=4)|zstd' -i " + P("a.kvf") + " -o " + P("b.kvf"));
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("x), encode"), std::string::npos);
+  ASSERT_EQ(Cli("codec decode -i " + P("b.kvf") + " -o " + P("c.kvf")).code, 0);
+  CliRun c = Cli("codec compare " + P("a.kvf") + " " + P("c.kvf") + " --json");
+  ASSERT_EQ(c.code, 0) << c.out;
+  auto j = nlohmann::json::parse(c.out);
+  EXPECT_GT(j["k"]["snr_db"].get<double>(), 15);
+  EXPECT_LT(j["k"]["snr_db"].get<double>(), 200);
+  EXPECT_GT(j["v"]["cosine"].get<double>(), 0.95);
+  // Comparing a file with itself is exact.
+  j = nlohmann::json::parse(Cli("codec compare " + P("a.kvf") + " " + P("a.kvf") + " --json").out);
+  EXPECT_EQ(j["k"]["max_abs"].get<double>(), 0);
+}
+
+TEST_F(CliTest, ErrorsAreOneLineAndLeaveNoOutput) {
+  ASSERT_EQ(Cli("kv synth --shape stories260k --tokens 20 -o " + P("a.kvf")).code, 0);
+  CliRun bad_spec = Cli("codec encode -s 'quant(kbit=2)' -i " + P("a.kvf") + " -o " + P("o.kvf"));
+  EXPECT_EQ(bad_spec.code, 1);
+  EXPECT_EQ(Lines(bad_spec.out), 1) << bad_spec.out;
+  EXPECT_NE(bad_spec.out.find("no parameter 'kbit'"), std::string::npos);
+  CliRun missing = Cli("codec encode -s quant -i " + P("nope.kvf") + " -o " + P("o.kvf"));
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_EQ(Lines(missing.out), 1) << missing.out;
+  EXPECT_NE(missing.out.find("nope.kvf"), std::string::npos);
+  // A corrupt frame.
+  std::filesystem::copy_file(P("a.kvf"), P("bad.kvf"));
+  {
+    std::fstream f(P("bad.kvf"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  CliRun corrupt = Cli("codec decode -i " + P("bad.kvf") + " -o " + P("o.kvf"));
+  EXPECT_EQ(corrupt.code, 1);
+  EXPECT_EQ(Lines(corrupt.out), 1) << corrupt.out;
+  EXPECT_NE(corrupt.out.find("checksum mismatch"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(P("o.kvf")));
+  // Bad flags.
+  CliRun flag = Cli("codec bench --tokens lots");
+  EXPECT_EQ(flag.code, 2);
+  EXPECT_EQ(Lines(flag.out), 1) << flag.out;
+  CliRun shape = Cli("kv synth --shape gpt9 -o " + P("z.kvf"));
+  EXPECT_EQ(shape.code, 1);
+  EXPECT_NE(shape.out.find("unknown shape preset 'gpt9'"), std::string::npos);
+}
+
+TEST_F(CliTest, BenchJsonHasTheDocumentedKeys) {
+  CliRun r = Cli("codec bench --tokens 16 --runs 1 -s 'quant(kbits=2,vbits=2)' --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["memcpy_gbps"].get<double>(), 0);
+  for (const char* k : {"encode_gbps", "decode_gbps", "ratio"}) EXPECT_GT(j["zstd"][k].get<double>(), 0) << k;
+  ASSERT_EQ(j["strategies"].size(), 1u);
+  for (const char* k : {"encode_gbps", "decode_gbps", "ratio", "snr_db_k", "snr_db_v"})
+    EXPECT_GT(j["strategies"][0][k].get<double>(), 0) << k;
+  // 16 tokens x 128 dims per slab: K = 512 B codes + 128 x 4 B ranges, V = 512 B codes + 16 x 4
+  // groups x 4 B ranges, against 2 x 4096 B of fp16: 8192 / 1792 = 4.571.
+  EXPECT_NEAR(j["strategies"][0]["ratio"].get<double>(), 8192.0 / 1792, 0.01);
+}
+
+}  // namespace

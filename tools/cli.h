@@ -1,0 +1,41 @@
+// Shared helpers of the kvserve CLI: error reporting, timing, progress lines.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvserve/status.h"
+
+namespace kvserve::cli {
+
+// Each subcommand's action returns a Status; main prints a failure as one line and exits 1.
+using Action = std::function<Status()>;
+void SetAction(CLI::App* cmd, Action action);
+int Run(CLI::App& app, int argc, char** argv);
+
+double NowSeconds();
+double Median(std::vector<double> v);
+bool StderrIsTerminal();
+
+// A single self-overwriting status line on stderr, shown only on a terminal.
+class Progress {
+ public:
+  explicit Progress(std::string what, uint64_t total) : what_(std::move(what)), total_(total), start_(NowSeconds()) {}
+  void Update(uint64_t done, const std::string& extra = "");
+  void Done();
+
+ private:
+  std::string what_;
+  uint64_t total_;
+  double start_;
+  double last_ = 0;
+};
+
+void AddCodecCommands(CLI::App& app);
+void AddModelCommands(CLI::App& app);
+
+}  // namespace kvserve::cli

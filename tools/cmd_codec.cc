@@ -1,0 +1,215 @@
+// CLI: `info`, `kv synth`, `codec encode|decode|compare|bench`.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli.h"
+#include "kvserve/codec.h"
+#include "kvserve/codec_bench.h"
+#include "kvserve/frame.h"
+#include "kvserve/synth.h"
+
+namespace kvserve::cli {
+namespace {
+
+using json = nlohmann::json;
+
+const std::vector<std::string> kDefaultBenchStrategies = {
+    "quant(kbits=8,vbits=8)", "quant(kbits=8,vbits=8)|zstd(level=3)",
+    "quant(kbits=4,vbits=4)", "quant(kbits=4,vbits=4)|zstd(level=3)",
+    "quant(kbits=2,vbits=2)", "quant(kbits=2,vbits=2)|zstd(level=3)",
+};
+
+Status Info() {
+  std::printf("kvserve %s\n\nstages (strategy spec: stage(key=value,...)|stage(...); 'none' = no compression):\n",
+              KVSERVE_VERSION);
+  for (const StageInfo& s : RegisteredStages()) {
+    std::printf("\n  %-8s %s -> %s%s\n           %s\n", s.name.c_str(), DataKindName(s.input), DataKindName(s.output),
+                s.lossless ? ", lossless" : "", s.summary.c_str());
+    for (const ParamSpec& p : s.params) {
+      std::printf("           %-10s %-18s default %-8s %s\n", p.name.c_str(), p.RangeText().c_str(),
+                  p.default_value.c_str(), p.help.c_str());
+    }
+  }
+  return Status::Ok();
+}
+
+json StatsJson(const KvErrorStats& s) {
+  return {{"max_abs", s.max_abs}, {"mean_abs", s.mean_abs}, {"snr_db", s.snr_db}, {"cosine", s.cosine}};
+}
+
+Result<KvBlock> ReadAnyFrame(const std::string& path) {
+  KV_ASSIGN_OR_RETURN(ByteBuffer bytes, ReadFile(path));
+  KvBlock b;
+  Status st = DecodeKv(bytes, &b, {});
+  if (!st.ok()) return st.WithContext("'" + path + "'");
+  return b;
+}
+
+}  // namespace
+
+void AddCodecCommands(CLI::App& app) {
+  SetAction(app.add_subcommand("info", "Version, and every codec stage with its parameters and ranges"), Info);
+
+  // ---- kv synth ----
+  auto* kv = app.add_subcommand("kv", "KV cache files (.kvf): synthesize, capture from a model");
+  kv->require_subcommand(1);
+  {
+    auto* c = kv->add_subcommand("synth", "Synthesize a realistic KV block (see docs/SYNTHETIC_KV.md)");
+    auto shape = std::make_shared<std::string>("llama3-8b");
+    auto tokens = std::make_shared<uint32_t>(1024);
+    auto seed = std::make_shared<uint64_t>(1);
+    auto dtype = std::make_shared<std::string>("f16");
+    auto out = std::make_shared<std::string>();
+    c->add_option("--shape", *shape, "llama3-8b | stories260k | babyllama105")->capture_default_str();
+    c->add_option("--tokens", *tokens, "number of tokens")->capture_default_str();
+    c->add_option("--seed", *seed, "random seed")->capture_default_str();
+    c->add_option("--dtype", *dtype, "f16 | bf16 | f32")->capture_default_str();
+    c->add_option("-o,--output", *out, "output .kvf file")->required();
+    SetAction(c, [=]() -> Status {
+      KV_ASSIGN_OR_RETURN(KvShape s, ShapePreset(*shape, *tokens));
+      SynthOptions o;
+      o.seed = *seed;
+      KV_ASSIGN_OR_RETURN(o.dtype, ParseDType(*dtype));
+      o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      KV_ASSIGN_OR_RETURN(KvBlock b, SynthesizeKv(s, o));
+      KV_RETURN_IF_ERROR(WriteKvFile(*out, b));
+      std::printf("wrote %s: %s %s, %.1f MiB\n", out->c_str(), s.ToString().c_str(), DTypeName(b.dtype()),
+                  b.bytes() / 1048576.0);
+      return Status::Ok();
+    });
+  }
+
+  auto* codec = app.add_subcommand("codec", "Encode, decode, compare and benchmark codec strategies");
+  codec->require_subcommand(1);
+  {
+    auto* c = codec->add_subcommand("encode", "Encode a KV file with a strategy into a frame file");
+    auto spec = std::make_shared<std::string>();
+    auto in = std::make_shared<std::string>();
+    auto out = std::make_shared<std::string>();
+    auto threads = std::make_shared<int>(1);
+    c->add_option("-s,--strategy", *spec, "strategy spec, e.g. 'quant(kbits=2,vbits=2)|zstd(level=3)'")->required();
+    c->add_option("-i,--input", *in, "input frame (.kvf)")->required();
+    c->add_option("-o,--output", *out, "output frame")->required();
+    c->add_option("--threads", *threads, "worker threads")->capture_default_str();
+    SetAction(c, [=]() -> Status {
+      KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(*spec));
+      KV_ASSIGN_OR_RETURN(KvBlock b, ReadAnyFrame(*in));
+      ByteBuffer frame;
+      CodecOptions o;
+      o.threads = *threads;
+      const double t0 = NowSeconds();
+      KV_RETURN_IF_ERROR(p.Encode(b, &frame, o));
+      const double dt = NowSeconds() - t0;
+      KV_RETURN_IF_ERROR(WriteFileAtomic(*out, frame));
+      std::printf("%s: %s, %zu -> %zu bytes (%.2fx), encode %.2f GB/s\n", out->c_str(), p.spec().c_str(), b.bytes(),
+                  frame.size(), double(b.bytes()) / frame.size(), b.bytes() / 1e9 / dt);
+      return Status::Ok();
+    });
+  }
+  {
+    auto* c = codec->add_subcommand("decode", "Decode any frame back to a plain KV file (strategy 'none')");
+    auto in = std::make_shared<std::string>();
+    auto out = std::make_shared<std::string>();
+    c->add_option("-i,--input", *in, "input frame")->required();
+    c->add_option("-o,--output", *out, "output .kvf")->required();
+    SetAction(c, [=]() -> Status {
+      KV_ASSIGN_OR_RETURN(KvBlock b, ReadAnyFrame(*in));
+      KV_RETURN_IF_ERROR(WriteKvFile(*out, b));
+      std::printf("%s: %s %s\n", out->c_str(), b.shape().ToString().c_str(), DTypeName(b.dtype()));
+      return Status::Ok();
+    });
+  }
+  {
+    auto* c = codec->add_subcommand("compare", "Error of b against reference a, for K and V separately");
+    auto a = std::make_shared<std::string>();
+    auto b = std::make_shared<std::string>();
+    auto as_json = std::make_shared<bool>(false);
+    c->add_option("reference", *a, "reference frame")->required();
+    c->add_option("test", *b, "frame to compare")->required();
+    c->add_flag("--json", *as_json, "machine-readable output");
+    SetAction(c, [=]() -> Status {
+      KV_ASSIGN_OR_RETURN(KvBlock ra, ReadAnyFrame(*a));
+      KV_ASSIGN_OR_RETURN(KvBlock rb, ReadAnyFrame(*b));
+      KV_ASSIGN_OR_RETURN(KvCompareResult r, CompareKv(ra, rb));
+      if (*as_json) {
+        std::printf("%s\n", json{{"k", StatsJson(r.k)}, {"v", StatsJson(r.v)}}.dump(2).c_str());
+      } else {
+        std::printf("     %12s %12s %10s %10s\n", "max_abs", "mean_abs", "snr_db", "cosine");
+        std::printf("K    %12.6g %12.6g %10.2f %10.6f\n", r.k.max_abs, r.k.mean_abs, r.k.snr_db, r.k.cosine);
+        std::printf("V    %12.6g %12.6g %10.2f %10.6f\n", r.v.max_abs, r.v.mean_abs, r.v.snr_db, r.v.cosine);
+      }
+      return Status::Ok();
+    });
+  }
+  {
+    auto* c = codec->add_subcommand("bench",
+                                    "Throughput, ratio and SNR of strategies on a synthetic llama3-8b fp16 block, "
+                                    "against memcpy and zstd measured in the same run");
+    auto specs = std::make_shared<std::vector<std::string>>();
+    auto tokens = std::make_shared<uint32_t>(1024);
+    auto threads = std::make_shared<int>(1);
+    auto runs = std::make_shared<int>(7);
+    auto as_json = std::make_shared<bool>(false);
+    c->add_option("-s,--strategy", *specs, "strategy to measure (repeatable); default: 8/4/2-bit quant, +/- zstd");
+    c->add_option("--tokens", *tokens, "tokens in the block")->capture_default_str();
+    c->add_option("--threads", *threads, "codec threads")->capture_default_str();
+    c->add_option("--runs", *runs, "runs per measurement (median)")->capture_default_str();
+    c->add_flag("--json", *as_json, "machine-readable output");
+    SetAction(c, [=]() -> Status {
+      const std::vector<std::string>& list = specs->empty() ? kDefaultBenchStrategies : *specs;
+      for (const auto& s : list) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
+      KV_ASSIGN_OR_RETURN(KvBlock block,
+                          BenchBlock(*tokens, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
+      BenchOptions bo;
+      bo.runs = *runs;
+      bo.threads = *threads;
+      Progress progress("codec bench", list.size() + 2);
+      const double memcpy_gbps = MeasureMemcpyGbps(block.bytes(), *runs);
+      progress.Update(1, "memcpy");
+      BenchOptions zo = bo;
+      zo.runs = std::min(3, *runs);
+      const ZstdMeasurement z = MeasureZstd(block.data(), block.bytes(), 3, zo);
+      progress.Update(2, "zstd");
+      std::vector<CodecMeasurement> rows;
+      for (size_t i = 0; i < list.size(); ++i) {
+        KV_ASSIGN_OR_RETURN(CodecMeasurement m, MeasureCodec(block, list[i], bo));
+        rows.push_back(m);
+        progress.Update(i + 3, m.spec);
+      }
+      progress.Done();
+      if (*as_json) {
+        json j;
+        j["block"] = {{"shape", block.shape().ToString()}, {"dtype", "f16"}, {"bytes", block.bytes()}};
+        j["threads"] = *threads;
+        j["runs"] = *runs;
+        j["memcpy_gbps"] = memcpy_gbps;
+        j["zstd"] = {{"level", 3}, {"encode_gbps", z.encode_gbps}, {"decode_gbps", z.decode_gbps}, {"ratio", z.ratio}};
+        j["strategies"] = json::array();
+        for (const auto& m : rows) {
+          j["strategies"].push_back({{"spec", m.spec}, {"encode_gbps", m.encode_gbps}, {"decode_gbps", m.decode_gbps},
+                                     {"ratio", m.ratio}, {"snr_db_k", m.snr_db_k}, {"snr_db_v", m.snr_db_v},
+                                     {"encode_vs_memcpy", m.encode_gbps / memcpy_gbps},
+                                     {"decode_vs_memcpy", m.decode_gbps / memcpy_gbps}});
+        }
+        std::printf("%s\n", j.dump(2).c_str());
+        return Status::Ok();
+      }
+      std::printf("block: llama3-8b %s fp16, %.1f MiB; %d thread(s), median of %d runs\n",
+                  block.shape().ToString().c_str(), block.bytes() / 1048576.0, *threads, *runs);
+      std::printf("memcpy           %7.2f GB/s\n", memcpy_gbps);
+      std::printf("zstd(level=3)    encode %6.2f GB/s  decode %6.2f GB/s  ratio %5.2fx\n\n", z.encode_gbps,
+                  z.decode_gbps, z.ratio);
+      std::printf("%-44s %8s %8s %7s %7s %7s %7s %7s\n", "strategy", "enc GB/s", "dec GB/s", "enc/mc", "dec/mc", "ratio",
+                  "SNR K", "SNR V");
+      for (const auto& m : rows) {
+        std::printf("%-44s %8.2f %8.2f %7.2f %7.2f %6.2fx %7.1f %7.1f\n", m.spec.c_str(), m.encode_gbps,
+                    m.decode_gbps, m.encode_gbps / memcpy_gbps, m.decode_gbps / memcpy_gbps, m.ratio, m.snr_db_k,
+                    m.snr_db_v);
+      }
+      return Status::Ok();
+    });
+  }
+}
+
+}  // namespace kvserve::cli

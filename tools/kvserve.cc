@@ -1,0 +1,88 @@
+// kvserve: the one CLI. Subcommands per area live in tools/cmd_*.cc.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cli.h"
+
+namespace kvserve::cli {
+
+namespace {
+Action* g_action = nullptr;
+}
+
+void SetAction(CLI::App* cmd, Action action) {
+  auto holder = std::make_shared<Action>(std::move(action));
+  cmd->callback([holder] { g_action = holder.get(); });
+  // Keep the Action alive as long as the App.
+  static std::vector<std::shared_ptr<Action>> keep;
+  keep.push_back(holder);
+}
+
+int Run(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "kvserve: error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  if (g_action == nullptr) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  }
+  Status st = (*g_action)();
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvserve: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+bool StderrIsTerminal() { return ::isatty(2) != 0; }
+
+void Progress::Update(uint64_t done, const std::string& extra) {
+  if (!StderrIsTerminal()) return;
+  const double now = NowSeconds();
+  if (done < total_ && now - last_ < 0.1) return;
+  last_ = now;
+  const double el = now - start_;
+  const double eta = done > 0 ? el * double(total_ - done) / double(done) : 0;
+  std::fprintf(stderr, "\r\033[K%s %llu/%llu  %.1fs elapsed, ETA %.1fs%s%s", what_.c_str(),
+               static_cast<unsigned long long>(done), static_cast<unsigned long long>(total_), el, eta,
+               extra.empty() ? "" : "  ", extra.c_str());
+  std::fflush(stderr);
+}
+
+void Progress::Done() {
+  if (StderrIsTerminal()) std::fprintf(stderr, "\r\033[K");
+}
+
+}  // namespace kvserve::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kvserve — KV-cache compression for disaggregated LLM serving.\n"
+      "Encode KV caches with composable codec strategies, measure them on real models, and move them.",
+      "kvserve"};
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", std::string("kvserve ") + KVSERVE_VERSION);
+  kvserve::cli::AddCodecCommands(app);
+  kvserve::cli::AddModelCommands(app);
+  return kvserve::cli::Run(app, argc, argv);
+}
