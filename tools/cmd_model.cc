@@ -1,6 +1,317 @@
-// CLI: model commands (generate, kv capture, eval, model heads).
+// CLI: `generate`, `kv capture`, `eval`, `model info|heads` — the reference model and the
+// quality evaluator.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "cli.h"
+#include "kvserve/codec.h"
+#include "kvserve/eval.h"
+#include "kvserve/frame.h"
+#include "kvserve/model.h"
 
 namespace kvserve::cli {
-void AddModelCommands(CLI::App& app) {}
+namespace {
+
+using json = nlohmann::json;
+
+struct ModelFlags {
+  std::string model = "stories260K";
+  std::string tokenizer;
+  void Add(CLI::App* c) {
+    c->add_option("-m,--model", model, "shipped model name (stories260K, babyllama105) or a .bin/.gguf path")
+        ->capture_default_str();
+    c->add_option("--tokenizer", tokenizer, "llama2.c tokenizer for a .bin model (default: tok<vocab>.bin beside it)");
+  }
+};
+
+struct EvalFlags {
+  uint32_t contexts = 0, prompt_len = 0;
+  uint64_t seed = 1;
+  int threads = 1;
+  void Add(CLI::App* c) {
+    c->add_option("--contexts", contexts, "evaluation contexts (default: enough for >= 8000 scored positions)");
+    c->add_option("--prompt-len", prompt_len, "prompt tokens per context (default: 3/4 of the window)");
+    c->add_option("--seed", seed, "evaluation-set seed")->capture_default_str();
+    c->add_option("--threads", threads, "contexts evaluated in parallel")->capture_default_str();
+  }
+  EvalOptions Options() const {
+    EvalOptions o;
+    o.n_contexts = contexts, o.prompt_len = prompt_len, o.seed = seed, o.threads = threads;
+    return o;
+  }
+};
+
+Result<std::unique_ptr<Evaluator>> MakeEvaluator(const LlamaModel& m, const EvalFlags& f) {
+  Progress p("exact run of " + m.name, 1);
+  auto ev = Evaluator::Create(m, f.Options(), [&](uint64_t d, uint64_t t) {
+    p = Progress("exact run of " + m.name, t);
+    p.Update(d);
+  });
+  p.Done();
+  return ev;
+}
+
+Result<std::vector<int>> ParseIds(const std::string& s) {
+  std::vector<int> ids;
+  std::stringstream ss(s);
+  std::string tok;
+  while (std::getline(ss, tok, tok.find(',') != std::string::npos ? ',' : ' ')) {
+    if (tok.empty()) continue;
+    char* end = nullptr;
+    long v = std::strtol(tok.c_str(), &end, 10);
+    if (*end != '\0' || v < 0) return Status::InvalidArgument("--tokens: '" + tok + "' is not a token id");
+    ids.push_back(int(v));
+  }
+  return ids;
+}
+
+json MetricsJson(const EvalMetrics& m) {
+  return {{"strategy", m.strategy},
+          {"relative_accuracy", m.relative_accuracy},
+          {"relative_accuracy_se", m.relative_accuracy_se},
+          {"top1_agreement", m.top1_agreement},
+          {"kl", m.kl},
+          {"ppl_ratio", m.ppl_ratio},
+          {"greedy_match", m.greedy_match},
+          {"ratio", m.ratio},
+          {"accuracy", m.accuracy},
+          {"exact_accuracy", m.exact_accuracy},
+          {"contexts", m.contexts},
+          {"positions", m.positions},
+          {"seconds", m.seconds}};
+}
+
+}  // namespace
+
+void AddModelCommands(CLI::App& app) {
+  {
+    auto* c = app.add_subcommand("generate", "Generate text with a shipped (or any llama2.c/GGUF) model");
+    auto mf = std::make_shared<ModelFlags>();
+    auto prompt = std::make_shared<std::string>();
+    auto tokens = std::make_shared<std::string>();
+    auto n = std::make_shared<uint32_t>(128);
+    auto temperature = std::make_shared<float>(0.0f);
+    auto top_p = std::make_shared<float>(0.9f);
+    auto seed = std::make_shared<uint64_t>(1);
+    auto ids_out = std::make_shared<bool>(false);
+    mf->Add(c);
+    auto* po = c->add_option("-p,--prompt", *prompt, "prompt text");
+    c->add_option("--tokens", *tokens, "prompt as token ids (BOS=1 is not added)")->excludes(po);
+    c->add_option("-n,--steps", *n, "tokens to generate")->capture_default_str();
+    c->add_option("-t,--temperature", *temperature, "0 = greedy")->capture_default_str();
+    c->add_option("--top-p", *top_p, "nucleus for sampling")->capture_default_str();
+    c->add_option("--seed", *seed, "sampling seed")->capture_default_str();
+    c->add_flag("--ids", *ids_out, "print token ids instead of text");
+    SetAction(c, [=]() -> Status {
+      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+      std::vector<int> in;
+      if (!tokens->empty()) {
+        KV_ASSIGN_OR_RETURN(in, ParseIds(*tokens));
+      } else {
+        in = m.tokenizer.Encode(*prompt, true);
+      }
+      LlamaEngine engine(m);
+      const double t0 = NowSeconds();
+      KV_ASSIGN_OR_RETURN(std::vector<int> out, engine.Generate(in, *n, *temperature, *top_p, *seed));
+      const double dt = NowSeconds() - t0;
+      if (*ids_out) {
+        for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
+        std::printf("\n");
+      } else {
+        std::vector<int> all(in.begin() + (in.size() && in[0] == Tokenizer::kBos ? 1 : 0), in.end());
+        all.insert(all.end(), out.begin(), out.end());
+        std::printf("%s\n", m.tokenizer.DecodeAll(all).c_str());
+      }
+      std::fprintf(stderr, "[%s: %zu tokens in %.3f s, %.0f tok/s]\n", m.name.c_str(), out.size(), dt, out.size() / dt);
+      return Status::Ok();
+    });
+  }
+  {
+    CLI::App* kv = app.get_subcommand("kv");
+    auto* c = kv->add_subcommand("capture", "Prefill a prompt with a model and write its KV cache as a frame");
+    auto mf = std::make_shared<ModelFlags>();
+    auto ef = std::make_shared<EvalFlags>();
+    auto prompt = std::make_shared<std::string>();
+    auto context = std::make_shared<int>(-1);
+    auto dtype = std::make_shared<std::string>("f16");
+    auto out = std::make_shared<std::string>();
+    mf->Add(c);
+    auto* po = c->add_option("-p,--prompt", *prompt, "prompt text");
+    c->add_option("--context", *context, "use the prompt of evaluation-set context K")->excludes(po);
+    c->add_option("--seed", ef->seed, "evaluation-set seed (with --context)")->capture_default_str();
+    c->add_option("--prompt-len", ef->prompt_len, "prompt tokens of the context (with --context)");
+    c->add_option("--dtype", *dtype, "f16 | bf16 | f32")->capture_default_str();
+    c->add_option("-o,--output", *out, "output .kvf")->required();
+    SetAction(c, [=]() -> Status {
+      if (prompt->empty() && *context < 0) return Status::InvalidArgument("give --prompt TEXT or --context K");
+      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+      KV_ASSIGN_OR_RETURN(DType dt, ParseDType(*dtype));
+      KvBlock kv;
+      if (*context >= 0) {
+        EvalFlags f = *ef;
+        f.contexts = 0;
+        KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, f));
+        if (size_t(*context) >= ev->eval_set().contexts.size()) {
+          return Status::InvalidArgument("--context " + std::to_string(*context) + " is beyond the " +
+                                         std::to_string(ev->eval_set().contexts.size()) + " evaluation contexts");
+        }
+        KV_ASSIGN_OR_RETURN(kv, ev->prompt_kv(uint32_t(*context)).ConvertTo(dt));
+      } else {
+        std::vector<int> ids = m.tokenizer.Encode(*prompt, true);
+        LlamaEngine engine(m);
+        KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(m.config));
+        KV_RETURN_IF_ERROR(engine.Forward(ids.data(), uint32_t(ids.size()), &cache, nullptr));
+        KV_ASSIGN_OR_RETURN(kv, cache.Prefix(uint32_t(ids.size()), dt));
+      }
+      KV_RETURN_IF_ERROR(WriteKvFile(*out, kv));
+      std::printf("wrote %s: %s KV of %s, %s %s\n", out->c_str(), m.name.c_str(),
+                  *context >= 0 ? ("context " + std::to_string(*context)).c_str() : "the prompt",
+                  kv.shape().ToString().c_str(), DTypeName(kv.dtype()));
+      return Status::Ok();
+    });
+  }
+  {
+    auto* c = app.add_subcommand("eval", "Quality of codec strategies on a real model (relative accuracy and more)");
+    auto mf = std::make_shared<ModelFlags>();
+    auto ef = std::make_shared<EvalFlags>();
+    auto specs = std::make_shared<std::vector<std::string>>();
+    auto as_json = std::make_shared<bool>(false);
+    mf->Add(c);
+    ef->Add(c);
+    c->add_option("-s,--strategy", *specs, "strategy spec (repeatable)")->required();
+    c->add_flag("--json", *as_json, "machine-readable output");
+    SetAction(c, [=]() -> Status {
+      for (const auto& s : *specs) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
+      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, *ef));
+      std::vector<EvalMetrics> rows;
+      for (const auto& s : *specs) {
+        Progress p("eval " + s, ev->eval_set().contexts.size());
+        KV_ASSIGN_OR_RETURN(EvalMetrics r, ev->Evaluate(s, [&](uint64_t d, uint64_t) { p.Update(d); }));
+        p.Done();
+        rows.push_back(r);
+      }
+      if (*as_json) {
+        if (rows.size() == 1) {
+          std::printf("%s\n", MetricsJson(rows[0]).dump(2).c_str());
+        } else {
+          json j = {{"model", m.name}, {"results", json::array()}};
+          for (const auto& r : rows) j["results"].push_back(MetricsJson(r));
+          std::printf("%s\n", j.dump(2).c_str());
+        }
+        return Status::Ok();
+      }
+      std::printf("model %s (sha256 %.12s…), %u contexts x %llu scored positions, prompt %u tokens, exact accuracy %.4f\n",
+                  m.name.c_str(), m.sha256.c_str(), rows[0].contexts,
+                  static_cast<unsigned long long>(rows[0].positions / std::max(1u, rows[0].contexts)), ev->prompt_len(),
+                  rows[0].exact_accuracy);
+      std::printf("%-9s %-8s %-7s %-8s %-8s %-8s %-7s %-6s  %s\n", "rel_acc", "± se", "top1", "kl", "ppl_x", "greedy",
+                  "ratio", "sec", "strategy");
+      for (const auto& r : rows) {
+        std::printf("%-9.4f %-8.4f %-7.4f %-8.5f %-8.4f %-8.2f %-7.2f %-6.2f  %s\n", r.relative_accuracy,
+                    r.relative_accuracy_se, r.top1_agreement, r.kl, r.ppl_ratio, r.greedy_match, r.ratio, r.seconds,
+                    r.strategy.c_str());
+      }
+      return Status::Ok();
+    });
+  }
+  {
+    auto* model = app.add_subcommand("model", "Inspect a model: configuration, engine speed, head profile");
+    model->require_subcommand(1);
+    {
+      auto* c = model->add_subcommand("info", "Configuration and checksum of a model");
+      auto mf = std::make_shared<ModelFlags>();
+      mf->Add(c);
+      SetAction(c, [=]() -> Status {
+        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+        const LlamaConfig& k = m.config;
+        std::printf("%s  %s\nsha256 %s\ndim %u, hidden %u, layers %u, heads %u, kv heads %u, head_dim %u, vocab %u, context %u, "
+                    "%s classifier\n",
+                    m.name.c_str(), m.path.c_str(), m.sha256.c_str(), k.dim, k.hidden_dim, k.n_layer, k.n_head,
+                    k.n_head_kv, k.head_dim(), k.vocab_size, k.seq_len, k.shared_classifier ? "shared" : "separate");
+        return Status::Ok();
+      });
+    }
+    {
+      auto* c = model->add_subcommand("bench", "Engine throughput: batched prefill and token-by-token decode");
+      auto mf = std::make_shared<ModelFlags>();
+      auto runs = std::make_shared<int>(5);
+      auto as_json = std::make_shared<bool>(false);
+      mf->Add(c);
+      c->add_option("--runs", *runs, "runs (median)")->capture_default_str();
+      c->add_flag("--json", *as_json, "machine-readable output");
+      SetAction(c, [=]() -> Status {
+        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+        LlamaEngine engine(m);
+        KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(m.config));
+        const uint32_t prompt = m.config.seq_len * 3 / 4, steps = m.config.seq_len - prompt;
+        std::vector<int> tokens(m.config.seq_len);
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int(1 + (i * 7919) % (m.config.vocab_size - 1));
+        std::vector<float> logits(m.config.vocab_size);
+        std::vector<double> prefill, decode;
+        for (int r = 0; r < std::max(1, *runs); ++r) {
+          cache.n_pos = 0;
+          double t0 = NowSeconds();
+          KV_RETURN_IF_ERROR(engine.Forward(tokens.data(), prompt, &cache, logits.data(), true));
+          double t1 = NowSeconds();
+          for (uint32_t i = 0; i < steps; ++i) KV_RETURN_IF_ERROR(engine.Forward(&tokens[prompt + i], 1, &cache, logits.data()));
+          double t2 = NowSeconds();
+          prefill.push_back(prompt / (t1 - t0));
+          decode.push_back(steps / (t2 - t1));
+        }
+        const double p = Median(prefill), d = Median(decode);
+        if (*as_json) {
+          std::printf("%s\n", json{{"model", m.name}, {"prompt_tokens", prompt}, {"decode_tokens", steps},
+                                   {"prefill_tok_s", p}, {"decode_tok_s", d}}.dump(2).c_str());
+        } else {
+          std::printf("%s: prefill %u tokens at %.0f tok/s, decode %u tokens (positions %u..%u) at %.0f tok/s (1 thread)\n",
+                      m.name.c_str(), prompt, p, steps, prompt, m.config.seq_len - 1, d);
+        }
+        return Status::Ok();
+      });
+    }
+    {
+      auto* c = model->add_subcommand("heads", "Retrieval score of every (layer, KV head), DuoAttention-style");
+      auto mf = std::make_shared<ModelFlags>();
+      auto ef = std::make_shared<EvalFlags>();
+      auto as_json = std::make_shared<bool>(false);
+      auto ho = std::make_shared<HeadProfileOptions>();
+      mf->Add(c);
+      ef->Add(c);
+      c->add_option("--window", ho->window, "observed query positions at the end of each prompt")->capture_default_str();
+      c->add_option("--sink", ho->sink, "attention-sink tokens at the start")->capture_default_str();
+      c->add_option("--recent", ho->recent, "recent-window tokens before each query")->capture_default_str();
+      c->add_flag("--json", *as_json, "machine-readable output");
+      SetAction(c, [=]() -> Status {
+        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+        KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, *ef));
+        Progress p("head profile", ev->eval_set().contexts.size());
+        KV_ASSIGN_OR_RETURN(std::vector<HeadScore> scores,
+                            RetrievalHeadScores(*ev, *ho, [&](uint64_t d, uint64_t) { p.Update(d); }));
+        p.Done();
+        std::vector<HeadScore> ranked = scores;
+        std::sort(ranked.begin(), ranked.end(), [](const HeadScore& a, const HeadScore& b) { return a.rank < b.rank; });
+        if (*as_json) {
+          json j = {{"model", m.name}, {"model_sha256", m.sha256}, {"window", ho->window}, {"sink", ho->sink},
+                    {"recent", ho->recent}, {"heads", json::array()}};
+          for (const auto& h : scores) {
+            j["heads"].push_back({{"layer", h.layer}, {"head", h.head}, {"retrieval", h.retrieval}, {"rank", h.rank}});
+          }
+          std::printf("%s\n", j.dump(2).c_str());
+          return Status::Ok();
+        }
+        std::printf("%s: retrieval score = attention share beyond the first %u and the last %u tokens\n", m.name.c_str(),
+                    ho->sink, ho->recent);
+        std::printf("%-5s %-6s %-5s %s\n", "rank", "layer", "head", "retrieval");
+        for (const auto& h : ranked) {
+          std::printf("%-5u %-6u %-5u %.4f  %s\n", h.rank, h.layer, h.head, h.retrieval,
+                      std::string(size_t(h.retrieval * 50 + 0.5), '#').c_str());
+        }
+        return Status::Ok();
+      });
+    }
+  }
+}
+
 }  // namespace kvserve::cli

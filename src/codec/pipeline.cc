@@ -63,8 +63,10 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
   ctx.max_decoded_bytes = opts.max_decoded_bytes;
   StageInput in;
   in.tensor = &block;
-  KvBlock tensors[2];
-  ByteBuffer bufs[2];
+  // Intermediate results live in per-thread buffers that keep their pages between calls: fresh
+  // allocations cost page faults comparable to the codec work itself.
+  thread_local KvBlock tensors[2];
+  thread_local ByteBuffer bufs[2];
   for (size_t i = 0; i < stages_.size(); ++i) {
     const bool last = i + 1 == stages_.size();
     StageOutput out;
@@ -110,8 +112,8 @@ Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
   ctx.threads = opts.threads;
   ctx.max_decoded_bytes = opts.max_decoded_bytes;
   StageInput in;
-  KvBlock tensors[2];
-  ByteBuffer bufs[2];
+  thread_local KvBlock tensors[2];  // see Pipeline::Encode
+  thread_local ByteBuffer bufs[2];
   if (infos.back()->output == DataKind::kTensor) {
     if (v.payload.empty() || v.payload[0] > static_cast<uint8_t>(DType::kBF16)) {
       return Status::Corrupt("raw tensor payload has no valid dtype byte");

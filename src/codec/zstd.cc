@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <cstring>
+#include <memory>
 
 #include "codec/stage.h"
 
@@ -19,12 +20,13 @@ class ZstdStage final : public Stage {
     const size_t bound = ZSTD_compressBound(raw);
     out.bytes->resize(start + 8 + bound);
     std::memcpy(out.bytes->data() + start, &raw, 8);
-    ZSTD_CCtx* cctx = ZSTD_createCCtx();
+    // One context per thread, reused: creating one per call re-allocates its window every time.
+    thread_local std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx(ZSTD_createCCtx(), &ZSTD_freeCCtx);
     if (cctx == nullptr) return Status::Internal("ZSTD_createCCtx failed");
-    ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level_);
-    if (ctx.threads > 1) ZSTD_CCtx_setParameter(cctx, ZSTD_c_nbWorkers, ctx.threads);
-    const size_t n = ZSTD_compress2(cctx, out.bytes->data() + start + 8, bound, in.bytes.data(), raw);
-    ZSTD_freeCCtx(cctx);
+    ZSTD_CCtx_reset(cctx.get(), ZSTD_reset_session_and_parameters);
+    ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, level_);
+    ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_nbWorkers, ctx.threads > 1 ? ctx.threads : 0);
+    const size_t n = ZSTD_compress2(cctx.get(), out.bytes->data() + start + 8, bound, in.bytes.data(), raw);
     if (ZSTD_isError(n)) return Status::Internal(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
     out.bytes->resize(start + 8 + n);
     return Status::Ok();
@@ -43,7 +45,9 @@ class ZstdStage final : public Stage {
       return Status::Corrupt("zstd frame content size does not match the stored size " + std::to_string(raw));
     }
     out.bytes->resize(raw);
-    const size_t n = ZSTD_decompress(out.bytes->data(), raw, in.bytes.data() + 8, in.bytes.size() - 8);
+    thread_local std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> dctx(ZSTD_createDCtx(), &ZSTD_freeDCtx);
+    if (dctx == nullptr) return Status::Internal("ZSTD_createDCtx failed");
+    const size_t n = ZSTD_decompressDCtx(dctx.get(), out.bytes->data(), raw, in.bytes.data() + 8, in.bytes.size() - 8);
     if (ZSTD_isError(n)) return Status::Corrupt(std::string("zstd: ") + ZSTD_getErrorName(n));
     if (n != raw) return Status::Corrupt("zstd decoded " + std::to_string(n) + " bytes, expected " + std::to_string(raw));
     return Status::Ok();

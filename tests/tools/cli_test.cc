@@ -40,8 +40,9 @@ class CliTest : public ::testing::Test {
 };
 
 TEST_F(CliTest, HelpForEveryCommand) {
-  for (const char* c : {"--help", "info --help", "kv synth --help", "codec encode --help", "codec decode --help",
-                        "codec compare --help", "codec bench --help"}) {
+  for (const char* c : {"--help", "info --help", "kv synth --help", "kv capture --help", "codec encode --help",
+                        "codec decode --help", "codec compare --help", "codec bench --help", "generate --help",
+                        "eval --help", "model info --help", "model heads --help"}) {
     CliRun r = Cli(c);
     EXPECT_EQ(r.code, 0) << c << "\n" << r.out;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << c;
@@ -112,6 +113,38 @@ TEST_F(CliTest, BenchJsonHasTheDocumentedKeys) {
   // 16 tokens x 128 dims per slab: K = 512 B codes + 128 x 4 B ranges, V = 512 B codes + 16 x 4
   // groups x 4 B ranges, against 2 x 4096 B of fp16: 8192 / 1792 = 4.571.
   EXPECT_NEAR(j["strategies"][0]["ratio"].get<double>(), 8192.0 / 1792, 0.01);
+}
+
+TEST_F(CliTest, ModelCommands) {
+  setenv("KVSERVE_CACHE", P("cache").c_str(), 1);
+  CliRun g = Cli("generate -m babyllama105 -n 40");
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_NE(g.out.find("Once upon a time, there was"), std::string::npos) << g.out;
+  CliRun ids = Cli("generate -m stories260K --tokens 1 -n 5 --ids");
+  EXPECT_NE(ids.out.find("403 407 261 378 432"), std::string::npos) << ids.out;
+  CliRun e = Cli("eval -m babyllama105 --contexts 2 -s none --json");
+  ASSERT_EQ(e.code, 0) << e.out;
+  auto j = nlohmann::json::parse(e.out);
+  EXPECT_EQ(j["relative_accuracy"].get<double>(), 1.0);
+  EXPECT_EQ(j["top1_agreement"].get<double>(), 1.0);
+  EXPECT_EQ(j["kl"].get<double>(), 0.0);
+  EXPECT_EQ(j["contexts"].get<int>(), 2);
+  EXPECT_EQ(j["positions"].get<int>(), 2 * 63);
+  for (const char* k : {"strategy", "relative_accuracy_se", "ppl_ratio", "greedy_match", "ratio", "seconds"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  CliRun h = Cli("model heads -m babyllama105 --contexts 2 --json");
+  ASSERT_EQ(h.code, 0) << h.out;
+  EXPECT_EQ(nlohmann::json::parse(h.out)["heads"].size(), 20u);
+  CliRun c = Cli("kv capture -m stories260K --prompt 'Once upon a time' -o " + P("p.kvf"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("5x4x5x8 f16"), std::string::npos) << c.out;
+  CliRun bad = Cli("eval -m nosuch -s none");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(Lines(bad.out), 1) << bad.out;
+  CliRun badspec = Cli("eval -m stories260K -s 'quant(kbits=0)'");
+  EXPECT_EQ(badspec.code, 1);
+  EXPECT_NE(badspec.out.find("kbits=0 out of range"), std::string::npos);
+  unsetenv("KVSERVE_CACHE");
 }
 
 }  // namespace
