@@ -151,7 +151,10 @@ void AddCodecCommands(CLI::App& app) {
     auto threads = std::make_shared<int>(1);
     auto runs = std::make_shared<int>(7);
     auto as_json = std::make_shared<bool>(false);
+    auto entropy_payload = std::make_shared<std::string>("quant(kbits=4,vbits=4)");
     c->add_option("-s,--strategy", *specs, "strategy to measure (repeatable); default: 8/4/2-bit quant, +/- zstd");
+    c->add_option("--entropy-payload", *entropy_payload,
+                  "quantised payload on which zstd(level=3) and rans are compared")->capture_default_str();
     c->add_option("--tokens", *tokens, "tokens in the block")->capture_default_str();
     c->add_option("--threads", *threads, "codec threads")->capture_default_str();
     c->add_option("--runs", *runs, "runs per measurement (median)")->capture_default_str();
@@ -164,7 +167,8 @@ void AddCodecCommands(CLI::App& app) {
       BenchOptions bo;
       bo.runs = *runs;
       bo.threads = *threads;
-      Progress progress("codec bench", list.size() + 2);
+      KV_RETURN_IF_ERROR(CanonicalStrategy(*entropy_payload + "|rans").status());
+      Progress progress("codec bench", list.size() + 4);
       const double memcpy_gbps = MeasureMemcpyGbps(block.bytes(), *runs);
       progress.Update(1, "memcpy");
       BenchOptions zo = bo;
@@ -177,7 +181,12 @@ void AddCodecCommands(CLI::App& app) {
         rows.push_back(m);
         progress.Update(i + 3, m.spec);
       }
+      KV_ASSIGN_OR_RETURN(CodecMeasurement ez, MeasureCodec(block, *entropy_payload + "|zstd(level=3)", bo));
+      progress.Update(list.size() + 3, "entropy: zstd");
+      KV_ASSIGN_OR_RETURN(CodecMeasurement er, MeasureCodec(block, *entropy_payload + "|rans", bo));
+      progress.Update(list.size() + 4, "entropy: rans");
       progress.Done();
+      const std::string payload_spec = CanonicalStrategy(*entropy_payload).value();
       if (*as_json) {
         json j;
         j["block"] = {{"shape", block.shape().ToString()}, {"dtype", "f16"}, {"bytes", block.bytes()}};
@@ -192,6 +201,14 @@ void AddCodecCommands(CLI::App& app) {
                                      {"encode_vs_memcpy", m.encode_gbps / memcpy_gbps},
                                      {"decode_vs_memcpy", m.decode_gbps / memcpy_gbps}});
         }
+        j["entropy"] = {{"payload", payload_spec},
+                        {"zstd_bytes", ez.frame_bytes},
+                        {"rans_bytes", er.frame_bytes},
+                        {"rans_vs_zstd", double(er.frame_bytes) / double(ez.frame_bytes)},
+                        {"zstd_encode_gbps", ez.encode_gbps},
+                        {"rans_encode_gbps", er.encode_gbps},
+                        {"zstd_decode_gbps", ez.decode_gbps},
+                        {"rans_decode_gbps", er.decode_gbps}};
         std::printf("%s\n", j.dump(2).c_str());
         return Status::Ok();
       }
@@ -207,6 +224,12 @@ void AddCodecCommands(CLI::App& app) {
                     m.decode_gbps, m.encode_gbps / memcpy_gbps, m.decode_gbps / memcpy_gbps, m.ratio, m.snr_db_k,
                     m.snr_db_v);
       }
+      std::printf("\nentropy coding of the same payload, %s:\n", payload_spec.c_str());
+      std::printf("  zstd(level=3) %10llu bytes  enc %6.2f GB/s  dec %6.2f GB/s\n",
+                  static_cast<unsigned long long>(ez.frame_bytes), ez.encode_gbps, ez.decode_gbps);
+      std::printf("  rans          %10llu bytes  enc %6.2f GB/s  dec %6.2f GB/s  (%.1f%% of zstd's size)\n",
+                  static_cast<unsigned long long>(er.frame_bytes), er.encode_gbps, er.decode_gbps,
+                  100.0 * double(er.frame_bytes) / double(ez.frame_bytes));
       return Status::Ok();
     });
   }

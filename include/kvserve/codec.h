@@ -15,9 +15,13 @@
 namespace kvserve {
 
 // What flows between stages. The pipeline's input is always a tensor; a pipeline may end on
-// either kind (a tensor at the end is stored raw).
-enum class DataKind : uint8_t { kTensor = 0, kBytes = 1 };
+// any kind (a tensor at the end is stored raw). `symbols` are bytes whose quantisation codes the
+// producing stage can locate (code sections), so an entropy coder can model them; any stage
+// that takes bytes takes symbols too.
+enum class DataKind : uint8_t { kTensor = 0, kBytes = 1, kSymbols = 2 };
 const char* DataKindName(DataKind kind);
+// Whether a stage consuming `input` accepts what a stage producing `produced` gives it.
+bool KindAccepts(DataKind input, DataKind produced);
 
 // One parameter of a stage, as the registry describes it. The profiler reads the search space
 // from these descriptions; the parser validates against them.

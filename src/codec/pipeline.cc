@@ -67,8 +67,13 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
   // allocations cost page faults comparable to the codec work itself.
   thread_local KvBlock tensors[2];
   thread_local ByteBuffer bufs[2];
+  std::vector<CodeSection> sections;
   for (size_t i = 0; i < stages_.size(); ++i) {
     const bool last = i + 1 == stages_.size();
+    if (infos[i]->input == DataKind::kSymbols) {
+      sections = stages_[i - 1]->CodeSections(block.shape());
+      ctx.sections = &sections;
+    }
     StageOutput out;
     if (infos[i]->output == DataKind::kTensor) {
       out.tensor = &tensors[i % 2];
@@ -129,7 +134,12 @@ Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
   } else {
     in.bytes = v.payload;
   }
+  std::vector<CodeSection> sections;
   for (size_t k = stages.size(); k-- > 0;) {
+    if (infos[k]->input == DataKind::kSymbols) {
+      sections = stages[k - 1]->CodeSections(shape);
+      ctx.sections = &sections;
+    }
     StageOutput o;
     if (infos[k]->input == DataKind::kTensor) {
       o.tensor = k == 0 ? out : &tensors[k % 2];

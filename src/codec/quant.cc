@@ -566,6 +566,24 @@ class QuantStage final : public Stage {
     return Status::Ok();
   }
 
+  std::vector<CodeSection> CodeSections(const KvShape& shape) const override {
+    const PartLayout kl = Layout(KvPart::kKey, shape), vl = Layout(KvPart::kValue, shape);
+    const size_t kb = kl.slab_bytes(), vb = vl.slab_bytes();
+    std::vector<CodeSection> out;
+    for (uint64_t i = 0; i < shape.n_slab(); ++i) {
+      const uint64_t part = (i / shape.n_head_kv) % 2, layer = i / (2 * shape.n_head_kv);
+      const PartLayout& p = part ? vl : kl;
+      uint64_t off = kPayloadHeader + SlabOffset(i, shape, kb, vb);
+      for (uint32_t t0 = 0; t0 < p.n_quant; t0 += p.block_tokens()) {
+        const uint32_t bt = std::min(p.block_tokens(), p.n_quant - t0);
+        const size_t n8 = (size_t{bt} * p.head_dim + 7) & ~size_t{7};
+        out.push_back({off + p.meta_count(bt) * 4, uint32_t(n8), uint8_t(p.bits), p.head_dim, uint32_t(layer * 2 + part)});
+        off += p.block_bytes(bt);
+      }
+    }
+    return out;
+  }
+
   Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
     KvBlock& t = *out.tensor;
     const KvShape& shape = t.shape();
@@ -615,7 +633,7 @@ StageRegistration QuantStageRegistration() {
   info.name = "quant";
   info.summary = "asymmetric min-max quantisation, K and V separately, bit-packed (KIVI-style axes)";
   info.input = DataKind::kTensor;
-  info.output = DataKind::kBytes;
+  info.output = DataKind::kSymbols;
   using T = ParamSpec::Type;
   info.params = {
       {"kbits", T::kInt, 1, 8, {}, "4", "bits per K value"},

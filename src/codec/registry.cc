@@ -9,6 +9,7 @@ const std::vector<StageRegistration>& StageRegistry() {
       CastStageRegistration(),
       QuantStageRegistration(),
       ZstdStageRegistration(),
+      RansStageRegistration(),
   };
   return kRegistry;
 }
@@ -36,7 +37,18 @@ Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) {
   return Status::NotFound("unknown stage '" + spec.name + "'");
 }
 
-const char* DataKindName(DataKind kind) { return kind == DataKind::kTensor ? "tensor" : "bytes"; }
+const char* DataKindName(DataKind kind) {
+  switch (kind) {
+    case DataKind::kTensor: return "tensor";
+    case DataKind::kBytes: return "bytes";
+    case DataKind::kSymbols: return "symbols";
+  }
+  return "?";
+}
+
+bool KindAccepts(DataKind input, DataKind produced) {
+  return input == produced || (input == DataKind::kBytes && produced == DataKind::kSymbols);
+}
 
 const ParamSpec* StageInfo::FindParam(std::string_view key) const {
   for (const auto& p : params) {

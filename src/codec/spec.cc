@@ -206,7 +206,7 @@ Result<StrategySpec> ParseStrategy(std::string_view text) {
     KV_ASSIGN_OR_RETURN(StageSpec st, ParseStage(lx));
     const StageInfo* info = FindStageInfo(st.name);
     ++index;
-    if (info->input != kind) {
+    if (!KindAccepts(info->input, kind)) {
       return SpecError(stage_pos, "stage " + std::to_string(index) + " '" + st.name + "' consumes " +
                                       DataKindName(info->input) + ", but " + producer + " produces " +
                                       DataKindName(kind));

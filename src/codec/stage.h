@@ -15,9 +15,23 @@
 
 namespace kvserve {
 
+// Where a symbols-producing stage put its quantisation codes in its byte output: `n_codes`
+// codes (a multiple of 8) of `bits` bits, bit-planed as quant_kernels.h describes, from byte
+// `offset`. Code j of the section belongs to channel j % n_channel; `context` groups sections
+// that share statistics (one per layer and K/V part).
+struct CodeSection {
+  uint64_t offset = 0;
+  uint32_t n_codes = 0;
+  uint8_t bits = 0;
+  uint32_t n_channel = 1;
+  uint32_t context = 0;
+};
+
 struct StageContext {
   int threads = 1;
   uint64_t max_decoded_bytes = uint64_t{16} << 30;
+  // For a stage consuming symbols: the producing stage's code sections (in offset order).
+  const std::vector<CodeSection>* sections = nullptr;
 };
 
 // Exactly one of tensor / bytes is set, by the kind the stage declares.
@@ -37,6 +51,9 @@ class Stage {
   // For a stage that outputs a tensor when encoding, the decoder receives the tensor and writes
   // `out.tensor`; for bytes output it receives bytes. `out.tensor`'s shape/dtype say what to produce.
   virtual Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const = 0;
+  // For stages producing symbols: where the codes are, for a tensor of this shape. A pure
+  // function of the stage's parameters and the shape, so the decoder can ask it before decoding.
+  virtual std::vector<CodeSection> CodeSections(const KvShape& shape) const { return {}; }
 };
 
 using StageFactory = Result<std::unique_ptr<Stage>> (*)(const StageSpec& spec);
@@ -50,6 +67,7 @@ struct StageRegistration {
 StageRegistration CastStageRegistration();
 StageRegistration QuantStageRegistration();
 StageRegistration ZstdStageRegistration();
+StageRegistration RansStageRegistration();
 
 const std::vector<StageRegistration>& StageRegistry();
 Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec);

@@ -110,6 +110,8 @@ TEST_F(CliTest, BenchJsonHasTheDocumentedKeys) {
   ASSERT_EQ(j["strategies"].size(), 1u);
   for (const char* k : {"encode_gbps", "decode_gbps", "ratio", "snr_db_k", "snr_db_v"})
     EXPECT_GT(j["strategies"][0][k].get<double>(), 0) << k;
+  for (const char* k : {"payload", "zstd_bytes", "rans_bytes", "zstd_decode_gbps", "rans_decode_gbps"})
+    EXPECT_TRUE(j["entropy"].contains(k)) << k;
   // 16 tokens x 128 dims per slab: K = 512 B codes + 128 x 4 B ranges, V = 512 B codes + 16 x 4
   // groups x 4 B ranges, against 2 x 4096 B of fp16: 8192 / 1792 = 4.571.
   EXPECT_NEAR(j["strategies"][0]["ratio"].get<double>(), 8192.0 / 1792, 0.01);
