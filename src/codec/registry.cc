@@ -6,6 +6,8 @@ namespace kvserve {
 
 const std::vector<StageRegistration>& StageRegistry() {
   static const std::vector<StageRegistration> kRegistry = {
+      RotateStageRegistration(),
+      DeltaStageRegistration(),
       CastStageRegistration(),
       QuantStageRegistration(),
       ZstdStageRegistration(),

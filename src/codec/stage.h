@@ -68,6 +68,8 @@ StageRegistration CastStageRegistration();
 StageRegistration QuantStageRegistration();
 StageRegistration ZstdStageRegistration();
 StageRegistration RansStageRegistration();
+StageRegistration RotateStageRegistration();
+StageRegistration DeltaStageRegistration();
 
 const std::vector<StageRegistration>& StageRegistry();
 Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec);
