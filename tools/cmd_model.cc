@@ -6,6 +6,8 @@
 
 #include "cli.h"
 #include "kvserve/codec.h"
+#include "kvserve/codec_bench.h"
+#include "table.h"
 #include "kvserve/eval.h"
 #include "kvserve/frame.h"
 #include "kvserve/model.h"
@@ -80,6 +82,47 @@ json MetricsJson(const EvalMetrics& m) {
           {"contexts", m.contexts},
           {"positions", m.positions},
           {"seconds", m.seconds}};
+}
+
+Status RunTable(const ModelFlags& mf, const EvalFlags& ef, bool as_json, const std::string& md_path,
+                const std::string& svg_path, uint32_t bench_tokens) {
+  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, ef));
+  const std::vector<NamedStrategy> list = StrategyTable(m.config, ev->prompt_len());
+  KV_ASSIGN_OR_RETURN(KvBlock block, BenchBlock(bench_tokens, 2));
+  BenchOptions bo;
+  bo.runs = 3;
+  std::vector<TableRow> rows;
+  Progress p("strategy table", list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    KV_ASSIGN_OR_RETURN(EvalMetrics e, ev->Evaluate(list[i].spec));
+    KV_ASSIGN_OR_RETURN(CodecMeasurement c, MeasureCodec(block, list[i].spec, bo));
+    rows.push_back({list[i], e, c});
+    p.Update(i + 1, list[i].name);
+  }
+  p.Done();
+  if (!md_path.empty()) KV_RETURN_IF_ERROR(WriteTextAtomic(md_path, TableMarkdown(m, *ev, rows, bench_tokens)));
+  if (!svg_path.empty()) KV_RETURN_IF_ERROR(WriteTextAtomic(svg_path, TableSvg(m, rows)));
+  if (as_json) {
+    json j = {{"model", m.name}, {"model_sha256", m.sha256}, {"rows", json::array()}};
+    for (const auto& r : rows) {
+      j["rows"].push_back({{"name", r.named.name},
+                           {"spec", r.eval.strategy},
+                           {"avg_bits", 16.0 / r.eval.ratio},
+                           {"ratio", r.eval.ratio},
+                           {"relative_accuracy", r.eval.relative_accuracy},
+                           {"relative_accuracy_se", r.eval.relative_accuracy_se},
+                           {"top1_agreement", r.eval.top1_agreement},
+                           {"kl", r.eval.kl},
+                           {"greedy_match", r.eval.greedy_match},
+                           {"encode_gbps", r.codec.encode_gbps},
+                           {"decode_gbps", r.codec.decode_gbps}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s", TableMarkdown(m, *ev, rows, bench_tokens).c_str());
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -179,9 +222,21 @@ void AddModelCommands(CLI::App& app) {
     auto as_json = std::make_shared<bool>(false);
     mf->Add(c);
     ef->Add(c);
-    c->add_option("-s,--strategy", *specs, "strategy spec (repeatable)")->required();
+    auto table = std::make_shared<bool>(false);
+    auto md_out = std::make_shared<std::string>();
+    auto svg_out = std::make_shared<std::string>();
+    auto bench_tokens = std::make_shared<uint32_t>(256);
+    auto* so = c->add_option("-s,--strategy", *specs, "strategy spec (repeatable)");
+    c->add_flag("--table", *table, "run the named strategy table (published methods and recompositions), "
+                                   "with codec speed on a synthetic llama3-8b block")->excludes(so);
+    c->add_option("--markdown", *md_out, "with --table: also write a Markdown table here");
+    c->add_option("--svg", *svg_out, "with --table: also write a quality-vs-ratio plot here");
+    c->add_option("--bench-tokens", *bench_tokens, "with --table: tokens of the llama3-8b block for codec speed")
+        ->capture_default_str();
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {
+      if (*table) return RunTable(*mf, *ef, *as_json, *md_out, *svg_out, *bench_tokens);
+      if (specs->empty()) return Status::InvalidArgument("give --strategy SPEC (repeatable) or --table");
       for (const auto& s : *specs) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
       KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
       KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, *ef));

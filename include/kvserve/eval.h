@@ -71,6 +71,15 @@ class Evaluator {
   std::unique_ptr<Impl> impl_;
 };
 
+// The named strategies of `kvserve eval --table`: published methods re-created as compositions
+// (sized to the model's prompt) and recompositions of the stage space.
+struct NamedStrategy {
+  std::string name;
+  std::string spec;
+  std::string note;  // how it relates to the published method, where it differs
+};
+std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t prompt_len);
+
 // DuoAttention-style retrieval score per (layer, KV head): the share of attention that the last
 // `window` prompt positions put outside the first `sink` tokens and their own last `recent`
 // tokens, averaged over the evaluation set's prompts and the query heads of each KV head.

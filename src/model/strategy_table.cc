@@ -1,0 +1,50 @@
+// The strategy table: published KV-compression methods as kvserve compositions, plus
+// recompositions, sized to a model's prompt length.
+#include <algorithm>
+
+#include "kvserve/eval.h"
+
+namespace kvserve {
+
+std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t prompt_len) {
+  // KIVI keeps the last 128 tokens in fp16 on multi-thousand-token prompts; here prompts are
+  // 192-384 tokens, so the window is scaled to about a sixth of the prompt (multiple of 16).
+  const uint32_t residual = std::max<uint32_t>(16, std::min<uint32_t>(128, prompt_len / 6 / 16 * 16));
+  const std::string r = std::to_string(residual);
+  auto q = [](int kb, int vb, const char* vaxis, int group) {
+    return "quant(kbits=" + std::to_string(kb) + ",vbits=" + std::to_string(vb) + ",kaxis=channel,vaxis=" + vaxis +
+           ",group=" + std::to_string(group) + ")";
+  };
+  std::vector<NamedStrategy> t = {
+      {"none", "none", "fp16 KV, no compression"},
+      {"uniform8", q(8, 8, "token", 32), "min-max, K per channel / V per token, groups of 32"},
+      {"uniform4", q(4, 4, "token", 32), ""},
+      {"uniform3", q(3, 3, "token", 32), ""},
+      {"uniform2", q(2, 2, "token", 32), ""},
+      {"uniform4+zstd", q(4, 4, "token", 32) + "|zstd(level=3)", "generic lossless coder on top"},
+      {"kivi4", "quant(kbits=4,vbits=4,kaxis=channel,vaxis=token,group=32,residual=" + r + ")",
+       "KIVI: K per channel, V per token, group 32, fp16 window of the last " + r + " tokens"},
+      {"kivi2", "quant(kbits=2,vbits=2,kaxis=channel,vaxis=token,group=32,residual=" + r + ")", "KIVI-2, as kivi4"},
+      {"cachegen", "delta(anchor=16)|" + q(4, 4, "channel", 64) + "|rans",
+       "CacheGen-like: anchor/delta per 16 tokens, quantise, arithmetic-code; one bit width for all layers "
+       "(CacheGen's layer-dependent bits are not expressible yet)"},
+      {"kivi2+rans", "quant(kbits=2,vbits=2,kaxis=channel,vaxis=token,group=32,residual=" + r + ")|rans",
+       "KIVI-2 with the entropy coder"},
+      {"uniform4+rans", q(4, 4, "token", 32) + "|rans", ""},
+      {"q4c128+rans", q(4, 4, "channel", 128) + "|rans", "V ranges per channel over 128 tokens"},
+      {"q4k3v+rans", q(4, 3, "channel", 128) + "|rans", ""},
+      {"q3c128+rans", q(3, 3, "channel", 128) + "|rans", ""},
+      {"q3c64+rans", q(3, 3, "channel", 64) + "|rans", ""},
+      {"q3k2v+rans", q(3, 2, "channel", 64) + "|rans", "more bits for K than V"},
+      {"q2c128+rans", q(2, 2, "channel", 128) + "|rans", ""},
+      {"q2c64+rans", q(2, 2, "channel", 64) + "|rans", ""},
+      {"rotate+q4tok+rans", "rotate|quant(kbits=4,vbits=4,kaxis=token,vaxis=token,group=128)|rans",
+       "QuaRot-style: Hadamard, then per-token ranges for both"},
+      {"rotate+q3+rans", "rotate|" + q(3, 3, "channel", 64) + "|rans", ""},
+      {"delta+q3+rans", "delta(anchor=16)|" + q(3, 3, "channel", 64) + "|rans", ""},
+  };
+  (void)config;
+  return t;
+}
+
+}  // namespace kvserve
