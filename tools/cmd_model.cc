@@ -84,6 +84,96 @@ json MetricsJson(const EvalMetrics& m) {
           {"seconds", m.seconds}};
 }
 
+// MixHQ rankings against uniform precision at equal average bits (docs/results/mixhq.md).
+Status RunMixHqStudy(const ModelFlags& mf, const EvalFlags& ef, double lo_frac, bool as_json) {
+  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, ef));
+  const uint32_t hk = m.config.n_head_kv;
+  struct Row {
+    std::string name, kind;
+    EvalMetrics e;
+  };
+  std::vector<Row> rows;
+  auto run = [&](const std::string& name, const std::string& kind, const std::string& spec) -> Status {
+    KV_ASSIGN_OR_RETURN(EvalMetrics e, ev->Evaluate(spec));
+    rows.push_back({name, kind, e});
+    std::fprintf(stderr, "\r\033[K%s done", name.c_str());
+    return Status::Ok();
+  };
+  // The uniform curve: the same quantiser with one limit pair for every head.
+  for (auto [k, v] : std::vector<std::pair<int, int>>{{4, 3}, {6, 4}, {8, 5}, {9, 6}, {12, 8}, {16, 11}}) {
+    const std::string kv = "kfine=" + std::to_string(k) + ",vfine=" + std::to_string(v) + ",kcoarse=" +
+                           std::to_string(k) + ",vcoarse=" + std::to_string(v);
+    KV_RETURN_IF_ERROR(run("uniform k" + std::to_string(k) + "/v" + std::to_string(v), "uniform",
+                           "mixhq(lo_frac=0," + kv + ")|rans"));
+  }
+  Progress p("retrieval scores", ev->eval_set().contexts.size());
+  KV_ASSIGN_OR_RETURN(std::vector<HeadScore> retrieval, RetrievalHeadScores(*ev, {}, [&](uint64_t d, uint64_t) { p.Update(d); }));
+  p.Done();
+  Progress ps("sensitivity", m.config.n_layer * hk);
+  KV_ASSIGN_OR_RETURN(std::vector<HeadScore> sensitivity, SensitivityHeadScores(*ev, "", "|rans", [&](uint64_t d, uint64_t) { ps.Update(d); }));
+  ps.Done();
+  for (uint64_t seed : {1, 2, 3}) {
+    KV_RETURN_IF_ERROR(run("random (seed " + std::to_string(seed) + ")", "random",
+                           "mixhq(lo_frac=" + std::to_string(lo_frac) + ",seed=" + std::to_string(seed) + ")|rans"));
+  }
+  KV_RETURN_IF_ERROR(run("retrieval", "retrieval", MixHqSpecFromScores(retrieval, hk, lo_frac)));
+  KV_RETURN_IF_ERROR(run("sensitivity", "sensitivity", MixHqSpecFromScores(sensitivity, hk, lo_frac)));
+  // Inverted sensitivity: the control that should do worst.
+  std::vector<HeadScore> inverted = sensitivity;
+  for (auto& h : inverted) h.retrieval = -h.retrieval;
+  KV_RETURN_IF_ERROR(run("least sensitive fine", "control", MixHqSpecFromScores(inverted, hk, lo_frac)));
+  std::fprintf(stderr, "\r\033[K");
+  // Uniform curve at a row's average bits, by linear interpolation between neighbours.
+  std::vector<const Row*> uni;
+  for (const auto& r : rows)
+    if (r.kind == "uniform") uni.push_back(&r);
+  std::sort(uni.begin(), uni.end(), [](const Row* a, const Row* b) { return a->e.ratio > b->e.ratio; });
+  auto at_bits = [&](double bits, bool kl) {
+    auto val = [&](const Row* r) { return kl ? r->e.kl : r->e.relative_accuracy; };
+    auto b = [](const Row* r) { return 16.0 / r->e.ratio; };
+    if (bits <= b(uni.front())) return val(uni.front());
+    for (size_t i = 1; i < uni.size(); ++i) {
+      if (bits <= b(uni[i])) {
+        const double w = (bits - b(uni[i - 1])) / (b(uni[i]) - b(uni[i - 1]));
+        return val(uni[i - 1]) * (1 - w) + val(uni[i]) * w;
+      }
+    }
+    return val(uni.back());
+  };
+  json j = {{"model", m.name}, {"lo_frac", lo_frac}, {"rows", json::array()}};
+  std::printf("%s, MixHQ with %.0f%% coarse heads vs uniform levels, all followed by rans\n", m.name.c_str(), lo_frac * 100);
+  std::printf("%-24s %-9s %-8s %-9s %-9s %-12s %-10s\n", "row", "avg bits", "rel_acc", "± se", "kl", "Δacc@bits",
+              "Δkl@bits");
+  for (const auto& r : rows) {
+    const double bits = 16.0 / r.e.ratio;
+    const double dacc = r.e.relative_accuracy - at_bits(bits, false), dkl = r.e.kl - at_bits(bits, true);
+    char da[32] = "", dk[32] = "";
+    if (r.kind != "uniform") {
+      std::snprintf(da, sizeof da, "%+.4f", dacc);
+      std::snprintf(dk, sizeof dk, "%+.5f", dkl);
+    }
+    std::printf("%-24s %-9.3f %-8.4f %-9.4f %-9.5f %-12s %-10s\n", r.name.c_str(), bits, r.e.relative_accuracy,
+                r.e.relative_accuracy_se, r.e.kl, da, dk);
+    j["rows"].push_back({{"name", r.name}, {"kind", r.kind}, {"spec", r.e.strategy}, {"avg_bits", bits},
+                         {"relative_accuracy", r.e.relative_accuracy}, {"relative_accuracy_se", r.e.relative_accuracy_se},
+                         {"kl", r.e.kl}, {"delta_acc_vs_uniform", dacc}, {"delta_kl_vs_uniform", dkl}});
+  }
+  auto rank_text = [&](const std::vector<HeadScore>& v) {
+    std::vector<HeadScore> sorted = v;
+    std::sort(sorted.begin(), sorted.end(), [](const HeadScore& a, const HeadScore& b) { return a.rank < b.rank; });
+    std::string s;
+    for (const auto& h : sorted) s += (s.empty() ? "" : " ") + std::to_string(h.layer) + "." + std::to_string(h.head);
+    return s;
+  };
+  std::printf("\nhead order by retrieval score (layer.head, most first):   %s\n", rank_text(retrieval).c_str());
+  std::printf("head order by measured sensitivity (KL, most first):      %s\n", rank_text(sensitivity).c_str());
+  j["retrieval_order"] = rank_text(retrieval);
+  j["sensitivity_order"] = rank_text(sensitivity);
+  if (as_json) std::printf("%s\n", j.dump(2).c_str());
+  return Status::Ok();
+}
+
 Status RunTable(const ModelFlags& mf, const EvalFlags& ef, bool as_json, const std::string& md_path,
                 const std::string& svg_path, uint32_t bench_tokens) {
   KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer));
@@ -233,9 +323,16 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("--svg", *svg_out, "with --table: also write a quality-vs-ratio plot here");
     c->add_option("--bench-tokens", *bench_tokens, "with --table: tokens of the llama3-8b block for codec speed")
         ->capture_default_str();
+    auto mixhq_study = std::make_shared<bool>(false);
+    auto lo_frac = std::make_shared<double>(0.8);
+    c->add_flag("--mixhq-study", *mixhq_study,
+                "MixHQ head rankings (random, retrieval score, measured sensitivity) against uniform levels at "
+                "equal average bits")->excludes(so);
+    c->add_option("--lo-frac", *lo_frac, "with --mixhq-study: share of coarse heads")->capture_default_str();
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {
       if (*table) return RunTable(*mf, *ef, *as_json, *md_out, *svg_out, *bench_tokens);
+      if (*mixhq_study) return RunMixHqStudy(*mf, *ef, *lo_frac, *as_json);
       if (specs->empty()) return Status::InvalidArgument("give --strategy SPEC (repeatable) or --table");
       for (const auto& s : *specs) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
       KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));

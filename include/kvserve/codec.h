@@ -26,14 +26,14 @@ bool KindAccepts(DataKind input, DataKind produced);
 // One parameter of a stage, as the registry describes it. The profiler reads the search space
 // from these descriptions; the parser validates against them.
 struct ParamSpec {
-  enum class Type : uint8_t { kInt, kFloat, kEnum };
+  enum class Type : uint8_t { kInt, kFloat, kEnum, kList };  // kList: "auto" or dot-separated integers
   std::string name;
   Type type = Type::kInt;
   double min = 0, max = 0;            // kInt / kFloat: inclusive range
   std::vector<std::string> choices;   // kEnum
   std::string default_value;
   std::string help;
-  std::string RangeText() const;      // "1..8", "channel|token", "0.0..1.0"
+  std::string RangeText() const;      // "1..8", "channel|token", "0.0..1.0", "auto|i.j.k"
 };
 
 struct StageInfo {

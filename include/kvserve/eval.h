@@ -94,4 +94,15 @@ struct HeadProfileOptions {
 Result<std::vector<HeadScore>> RetrievalHeadScores(const Evaluator& ev, const HeadProfileOptions& opts = {},
                                                    const ProgressFn& progress = nullptr);
 
+// Measured sensitivity per (layer, KV head): the KL increase over an all-fine `mixhq` when only
+// that head is quantised coarsely (the `retrieval` field holds it; higher = more sensitive).
+// `mixhq_params` are extra mixhq parameters ("kfine=12,vfine=8,..."), `coder` follows ("|rans").
+Result<std::vector<HeadScore>> SensitivityHeadScores(Evaluator& ev, const std::string& mixhq_params = "",
+                                                     const std::string& coder = "|rans",
+                                                     const ProgressFn& progress = nullptr);
+
+// A mixhq spec whose fine heads are the (1 - lo_frac) share of heads with the highest scores.
+std::string MixHqSpecFromScores(const std::vector<HeadScore>& scores, uint32_t n_head_kv, double lo_frac,
+                                const std::string& mixhq_params = "", const std::string& coder = "|rans");
+
 }  // namespace kvserve

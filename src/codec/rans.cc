@@ -8,7 +8,7 @@
 // the encoder started it, which catches corrupted streams the checksum did not (it always does).
 //
 // Payload: u8 version | u8 prob_bits | u8 tables (0 channel, 1 part) | u8 n_states | u32 n_tables
-//          | per table: u8 bits, (1 << bits) x u16 frequency | u64 raw_len, raw bytes
+//          | per table: u8 bits, (1 << bits) x varint frequency | u64 raw_len, raw bytes
 //          | u64 n_symbols | n_states x u32 final state | u64 stream_len, stream bytes
 #include <algorithm>
 #include <bit>
@@ -156,6 +156,15 @@ inline uint32_t FindSymbol16(const uint16_t* start16, uint32_t slot) {
 #endif
 }
 
+// Frequencies are stored as LEB128 varints: most are below 128, and most tables are sparse.
+void PutVarint(ByteBuffer* out, uint32_t v) {
+  while (v >= 0x80) {
+    out->push_back(uint8_t(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(uint8_t(v));
+}
+
 template <typename T>
 void Put(ByteBuffer* out, T v) {
   const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
@@ -172,6 +181,15 @@ class Reader {
     std::memcpy(&v, b_.data() + off_, sizeof(T));
     off_ += sizeof(T);
     return v;
+  }
+  Result<uint32_t> Varint(const char* what) {
+    uint32_t v = 0;
+    for (int shift = 0; shift < 21; shift += 7) {
+      KV_ASSIGN_OR_RETURN(uint8_t b, Get<uint8_t>(what));
+      v |= uint32_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    return Status::Corrupt(std::string("rans ") + what + " varint is too long");
   }
   Result<std::span<const uint8_t>> Bytes(uint64_t n, const char* what) {
     if (b_.size() - off_ < n) return Status::Corrupt(std::string("rans payload truncated in ") + what);
@@ -261,7 +279,7 @@ class RansStage final : public Stage {
     Put<uint32_t>(o, tm.n_tables);
     for (uint32_t t = 0; t < tm.n_tables; ++t) {
       Put<uint8_t>(o, tm.bits[t]);
-      for (uint32_t s = 0; s < (1u << tm.bits[t]); ++s) Put<uint16_t>(o, freq[tm.offset[t] + s]);
+      for (uint32_t s = 0; s < (1u << tm.bits[t]); ++s) PutVarint(o, freq[tm.offset[t] + s]);
     }
     uint64_t raw_len = in.bytes.size();
     for (const CodeSection& s : secs) raw_len -= quant::PackedBytes(s.n_codes, s.bits);
@@ -307,8 +325,9 @@ class RansStage final : public Stage {
       start_off[t] = so;
       uint32_t sum = 0;
       for (uint32_t s = 0; s < a; ++s) {
-        KV_ASSIGN_OR_RETURN(uint16_t f, r.Get<uint16_t>("frequency"));
-        freq[tm.offset[t] + s] = f;
+        KV_ASSIGN_OR_RETURN(uint32_t f, r.Varint("frequency"));
+        if (f > kProbScale) return Status::Corrupt("rans table " + std::to_string(t) + " has a frequency above 2^11");
+        freq[tm.offset[t] + s] = uint16_t(f);
         start[so + s] = uint16_t(std::min<uint32_t>(sum, kProbScale));
         sum += f;
       }

@@ -10,6 +10,7 @@ const std::vector<StageRegistration>& StageRegistry() {
       DeltaStageRegistration(),
       CastStageRegistration(),
       QuantStageRegistration(),
+      MixHqStageRegistration(),
       ZstdStageRegistration(),
       RansStageRegistration(),
   };
@@ -70,6 +71,7 @@ std::string ParamSpec::RangeText() const {
   switch (type) {
     case Type::kInt: return num(min, true) + ".." + num(max, true);
     case Type::kFloat: return num(min, false) + ".." + num(max, false);
+    case Type::kList: return "auto|i.j.k";
     case Type::kEnum: {
       std::string s;
       for (const auto& c : choices) s += (s.empty() ? "" : "|") + c;

@@ -1,5 +1,6 @@
 // Strategy spec parsing and canonical printing. The registry's ParamSpecs are the only source of
 // which keys and values a stage accepts.
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -84,6 +85,32 @@ Result<std::string> CanonicalValue(const StageInfo& stage, const ParamSpec& p, s
       }
       if (v < p.min || v > p.max) return out_of_range();
       return FormatFloat(v);
+    }
+    case ParamSpec::Type::kList: {
+      // "auto", or non-negative integers joined by '.', kept in ascending order without repeats
+      // so that every list has one canonical text.
+      if (value == "auto") return std::string("auto");
+      std::vector<long long> v;
+      size_t i = 0;
+      while (i <= value.size()) {
+        const size_t j = value.find('.', i);
+        const std::string_view item = value.substr(i, j == std::string_view::npos ? std::string_view::npos : j - i);
+        long long x = 0;
+        auto r = std::from_chars(item.data(), item.data() + item.size(), x);
+        if (item.empty() || r.ec != std::errc() || r.ptr != item.data() + item.size() || x < 0 || x > p.max) {
+          return SpecError(pos, "stage '" + stage.name + "' parameter " + p.name + "='" + std::string(value) +
+                                    "' is not 'auto' or a list of integers 0.." + std::to_string((long long)p.max) +
+                                    " joined by '.'");
+        }
+        v.push_back(x);
+        if (j == std::string_view::npos) break;
+        i = j + 1;
+      }
+      std::sort(v.begin(), v.end());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
+      std::string out;
+      for (size_t k = 0; k < v.size(); ++k) out += (k ? "." : "") + std::to_string(v[k]);
+      return out;
     }
     case ParamSpec::Type::kEnum:
       for (const auto& c : p.choices) {

@@ -70,6 +70,7 @@ StageRegistration ZstdStageRegistration();
 StageRegistration RansStageRegistration();
 StageRegistration RotateStageRegistration();
 StageRegistration DeltaStageRegistration();
+StageRegistration MixHqStageRegistration();
 
 const std::vector<StageRegistration>& StageRegistry();
 Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec);

@@ -1,6 +1,8 @@
 // Head profile: how much each KV head's attention reaches beyond the sinks and the recent
 // window (DuoAttention's retrieval vs streaming heads), measured on the evaluation set.
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <numeric>
 
 #include "kvserve/eval.h"
@@ -42,6 +44,57 @@ Result<std::vector<HeadScore>> RetrievalHeadScores(const Evaluator& ev, const He
   for (uint32_t l = 0; l < c.n_layer; ++l)
     for (uint32_t h = 0; h < c.n_head_kv; ++h)
       out.push_back({l, h, samples ? mass[size_t(l) * c.n_head_kv + h] / double(samples) : 0.0, 0});
+  std::vector<size_t> order(out.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out[a].retrieval > out[b].retrieval; });
+  for (size_t r = 0; r < order.size(); ++r) out[order[r]].rank = uint32_t(r);
+  return out;
+}
+
+namespace {
+std::string HeadList(const std::vector<uint32_t>& ids) {
+  if (ids.empty()) return "";
+  std::vector<uint32_t> v = ids;
+  std::sort(v.begin(), v.end());
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "." : "") + std::to_string(v[i]);
+  return s;
+}
+std::string MixHq(const std::string& heads, double lo_frac, const std::string& params, const std::string& coder) {
+  // An empty list means "no fine head": expressed as lo_frac=1 with heads=auto.
+  std::string p = heads.empty() ? "heads=auto,lo_frac=1" : "heads=" + heads + ",lo_frac=" + std::to_string(lo_frac);
+  if (!params.empty()) p += "," + params;
+  return "mixhq(" + p + ")" + coder;
+}
+}  // namespace
+
+std::string MixHqSpecFromScores(const std::vector<HeadScore>& scores, uint32_t n_head_kv, double lo_frac,
+                                const std::string& mixhq_params, const std::string& coder) {
+  std::vector<const HeadScore*> order;
+  for (const auto& s : scores) order.push_back(&s);
+  std::stable_sort(order.begin(), order.end(), [](const HeadScore* a, const HeadScore* b) { return a->retrieval > b->retrieval; });
+  const size_t n_fine = size_t(std::lround((1.0 - lo_frac) * double(scores.size())));
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < n_fine && i < order.size(); ++i) ids.push_back(order[i]->layer * n_head_kv + order[i]->head);
+  return MixHq(HeadList(ids), lo_frac, mixhq_params, coder);
+}
+
+Result<std::vector<HeadScore>> SensitivityHeadScores(Evaluator& ev, const std::string& mixhq_params,
+                                                     const std::string& coder, const ProgressFn& progress) {
+  const LlamaConfig& c = ev.model().config;
+  const uint32_t n = c.n_layer * c.n_head_kv;
+  std::vector<uint32_t> all(n);
+  std::iota(all.begin(), all.end(), 0u);
+  KV_ASSIGN_OR_RETURN(EvalMetrics base, ev.Evaluate(MixHq(HeadList(all), 0.0, mixhq_params, coder)));
+  std::vector<HeadScore> out;
+  for (uint32_t h = 0; h < n; ++h) {
+    std::vector<uint32_t> others;
+    for (uint32_t k = 0; k < n; ++k)
+      if (k != h) others.push_back(k);
+    KV_ASSIGN_OR_RETURN(EvalMetrics m, ev.Evaluate(MixHq(HeadList(others), 0.0, mixhq_params, coder)));
+    out.push_back({h / c.n_head_kv, h % c.n_head_kv, m.kl - base.kl, 0});
+    if (progress) progress(h + 1, n);
+  }
   std::vector<size_t> order(out.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out[a].retrieval > out[b].retrieval; });

@@ -38,6 +38,11 @@ std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t pro
       {"q3k2v+rans", q(3, 2, "channel", 64) + "|rans", "more bits for K than V"},
       {"q2c128+rans", q(2, 2, "channel", 128) + "|rans", ""},
       {"q2c64+rans", q(2, 2, "channel", 64) + "|rans", ""},
+      {"mixhq4", "mixhq(kfine=12,vfine=8,kcoarse=6,vcoarse=4,lo_frac=0.8,group=64)|rans",
+       "MixHQ with its published limits (K/V 12/8 fine, 6/4 coarse, 80% coarse); fine heads chosen at random "
+       "here (see docs/results/mixhq.md for retrieval and sensitivity rankings)"},
+      {"mixhq3", "mixhq(kfine=6,vfine=4,kcoarse=3,vcoarse=2,lo_frac=0.8,group=64)|rans", "MixHQ, halved limits"},
+      {"mixhq2", "mixhq(kfine=3,vfine=2,kcoarse=2,vcoarse=1,lo_frac=0.8,group=128)|rans", "MixHQ, minimal limits"},
       {"rotate+q4tok+rans", "rotate|quant(kbits=4,vbits=4,kaxis=token,vaxis=token,group=128)|rans",
        "QuaRot-style: Hadamard, then per-token ranges for both"},
       {"rotate+q3+rans", "rotate|" + q(3, 3, "channel", 64) + "|rans", ""},

@@ -63,7 +63,7 @@ class RansCorruption : public ::testing::Test {
 };
 
 TEST_F(RansCorruption, TableStreamAndHeaderErrorsAreClear) {
-  // Byte 8 onwards is table 0: 1 byte of bits, then 16 u16 frequencies.
+  // Byte 8 onwards is table 0: 1 byte of bits, then 16 varint frequencies.
   Status st = DecodeWith(9, 0x01);
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
   EXPECT_NE(st.message().find("frequencies do not sum"), std::string::npos) << st.message();

@@ -1,0 +1,34 @@
+// Internal: the randomised Walsh–Hadamard rotation shared by `rotate` and `mixhq`.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kv/rng.h"
+
+namespace kvserve {
+
+// In-place fast Walsh–Hadamard transform of n = 2^k values, scaled by 1/sqrt(n): orthonormal and
+// its own inverse.
+inline void Hadamard(float* x, uint32_t n) {
+  for (uint32_t len = 1; len < n; len <<= 1) {
+    for (uint32_t i = 0; i < n; i += 2 * len) {
+      for (uint32_t j = i; j < i + len; ++j) {
+        const float a = x[j], b = x[j + len];
+        x[j] = a + b;
+        x[j + len] = a - b;
+      }
+    }
+  }
+  const float s = 1.0f / std::sqrt(float(n));
+  for (uint32_t j = 0; j < n; ++j) x[j] *= s;
+}
+
+// Random ±1 signs of one (layer, part, head), from the seed: the decoder regenerates them.
+inline void Signs(uint64_t seed, uint64_t slab, uint32_t n, float* out) {
+  uint64_t key = seed * 0x9e3779b97f4a7c15ull + slab;
+  Rng rng(SplitMix(key));
+  for (uint32_t d = 0; d < n; ++d) out[d] = (rng.Next() >> 63) ? -1.0f : 1.0f;
+}
+
+}  // namespace kvserve

@@ -1,0 +1,283 @@
+// mixhq: head-wise mixed-precision quantisation (MixHQ). Each (layer, KV head) is rotated by a
+// random-sign Hadamard transform, then quantised symmetrically to integer levels in [-m, m]
+// with absmax scales — keys per channel over groups of tokens, values per token — with a fine
+// limit m for the heads that matter and a coarse one for the rest (published defaults: K/V
+// limits 12/8 fine, 6/4 coarse, 80% of heads coarse). Which heads are fine is part of the spec —
+// an explicit list (`heads`, indices layer * n_head_kv + head, from any ranking: retrieval
+// score, measured sensitivity) or, with heads=auto, a seeded random choice of (1 - lo_frac) of
+// them — so the levels of every head are known from the frame header alone. Output: symbols
+// (codes of 2m+1 levels, bit-planed), for an entropy coder to follow.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "codec/hadamard.h"
+#include "codec/quant_kernels.h"
+#include "codec/stage.h"
+
+namespace kvserve {
+namespace {
+
+constexpr uint32_t kVBlock = 64;  // tokens per packing block of V (ranges are per token)
+constexpr size_t kHeader = 12;    // u8 version, u8[3] 0, u32 group, u32 n_token; then u8 m per slab
+
+int BitsFor(int m) {
+  int b = 1;
+  while ((1 << b) < 2 * m + 1) ++b;
+  return b;
+}
+
+struct Params {
+  int kfine, vfine, kcoarse, vcoarse;
+  double lo_frac;
+  uint64_t seed;
+  uint32_t group;
+  std::string heads;  // "auto" or the canonical list
+};
+
+struct Layout {
+  KvShape shape;
+  uint32_t group = 0;            // effective K token group
+  std::vector<uint8_t> limit;    // m of every slab, [layer][K|V][head]
+  std::vector<uint64_t> offset;  // byte offset of every slab after the header, plus the end
+
+  uint32_t block_tokens(bool v) const { return v ? kVBlock : group; }
+  size_t block_bytes(bool v, uint32_t bt, int m) const {
+    const size_t scales = v ? bt : shape.head_dim;
+    return scales * 2 + quant::PackedBytes(size_t(bt) * shape.head_dim, BitsFor(m));
+  }
+  size_t slab_bytes(bool v, int m) const {
+    size_t total = 0;
+    const uint32_t b = block_tokens(v);
+    for (uint32_t t0 = 0; t0 < shape.n_token; t0 += b) total += block_bytes(v, std::min(b, shape.n_token - t0), m);
+    return total;
+  }
+};
+
+Result<Layout> MakeLayout(const Params& p, const KvShape& shape) {
+  Layout L;
+  L.shape = shape;
+  L.group = std::max<uint32_t>(1, std::min(p.group, shape.n_token));
+  const uint32_t n_heads = shape.n_layer * shape.n_head_kv;
+  std::vector<bool> fine(n_heads, false);
+  if (p.heads == "auto") {
+    std::vector<uint32_t> order(n_heads);
+    std::iota(order.begin(), order.end(), 0u);
+    uint64_t key = p.seed ^ 0x6d69786871ull;
+    Rng rng(SplitMix(key));
+    for (uint32_t i = n_heads; i > 1; --i) std::swap(order[i - 1], order[rng.Next() % i]);
+    const uint32_t n_fine = uint32_t(std::lround((1.0 - p.lo_frac) * n_heads));
+    for (uint32_t i = 0; i < n_fine; ++i) fine[order[i]] = true;
+  } else if (!p.heads.empty()) {
+    size_t i = 0;
+    while (i < p.heads.size()) {
+      const size_t j = std::min(p.heads.find('.', i), p.heads.size());
+      const uint64_t h = std::stoull(p.heads.substr(i, j - i));
+      if (h >= n_heads) {
+        return Status::InvalidArgument("mixhq heads lists head " + std::to_string(h) + ", but the block has " +
+                                       std::to_string(n_heads) + " (layer x KV head)");
+      }
+      fine[h] = true;
+      i = j + 1;
+    }
+  }
+  L.limit.resize(shape.n_slab());
+  L.offset.resize(shape.n_slab() + 1, 0);
+  for (uint64_t s = 0; s < shape.n_slab(); ++s) {
+    const bool v = (s / shape.n_head_kv) % 2;
+    const uint32_t head = uint32_t(s / (2 * shape.n_head_kv) * shape.n_head_kv + s % shape.n_head_kv);
+    L.limit[s] = uint8_t(fine[head] ? (v ? p.vfine : p.kfine) : (v ? p.vcoarse : p.kcoarse));
+    L.offset[s + 1] = L.offset[s] + L.slab_bytes(v, L.limit[s]);
+  }
+  return L;
+}
+
+// Absmax scale in fp16, rounded up so |x| / scale <= m.
+inline float Scale(float absmax, int m, uint16_t* h) {
+  const float s = absmax / float(m);
+  uint16_t v = FloatToHalf(s);
+  if (HalfToFloat(v) < s) ++v;
+  *h = v;
+  return HalfToFloat(v);
+}
+
+class MixHqStage final : public Stage {
+ public:
+  explicit MixHqStage(Params p) : p_(std::move(p)) {}
+
+  std::vector<CodeSection> CodeSections(const KvShape& shape) const override {
+    auto lay = MakeLayout(p_, shape);
+    std::vector<CodeSection> out;
+    if (!lay.ok()) return out;  // Encode/Decode report the error
+    const Layout& L = lay.value();
+    for (uint64_t s = 0; s < shape.n_slab(); ++s) {
+      const bool v = (s / shape.n_head_kv) % 2;
+      const int m = L.limit[s];
+      const uint32_t layer = uint32_t(s / (2 * shape.n_head_kv));
+      const bool fine = m == (v ? p_.vfine : p_.kfine);
+      uint64_t off = kHeader + shape.n_slab() + L.offset[s];
+      for (uint32_t t0 = 0; t0 < shape.n_token; t0 += L.block_tokens(v)) {
+        const uint32_t bt = std::min(L.block_tokens(v), shape.n_token - t0);
+        const size_t n8 = (size_t(bt) * shape.head_dim + 7) & ~size_t{7};
+        // Fine and coarse heads differ in bits, so they get separate statistics.
+        out.push_back({off + (v ? bt : shape.head_dim) * 2, uint32_t(n8), uint8_t(BitsFor(m)), shape.head_dim,
+                       (layer * 2 + uint32_t(v)) * 2 + uint32_t(fine)});
+        off += L.block_bytes(v, bt, m);
+      }
+    }
+    return out;
+  }
+
+  Status Encode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
+    const KvBlock& t = *in.tensor;
+    const KvShape& sh = t.shape();
+    const uint32_t D = sh.head_dim;
+    if (D & (D - 1)) return Status::InvalidArgument("mixhq needs head_dim a power of two, got " + std::to_string(D));
+    KV_ASSIGN_OR_RETURN(Layout L, MakeLayout(p_, sh));
+    const size_t start = out.bytes->size();
+    out.bytes->resize(start + kHeader + sh.n_slab() + L.offset.back());
+    uint8_t* hdr = out.bytes->data() + start;
+    std::memset(hdr, 0, kHeader);
+    hdr[0] = 1;
+    std::memcpy(hdr + 4, &L.group, 4);
+    std::memcpy(hdr + 8, &sh.n_token, 4);
+    std::memcpy(hdr + kHeader, L.limit.data(), sh.n_slab());
+    uint8_t* body = hdr + kHeader + sh.n_slab();
+    std::vector<Status> errors(sh.n_slab());
+    ParallelFor(ctx.threads, sh.n_slab(), [&](uint64_t s) {
+      const bool v = (s / sh.n_head_kv) % 2;
+      const int m = L.limit[s];
+      std::vector<float> x(sh.slab_numel()), sign(D), scale;
+      std::vector<uint16_t> scale_h;
+      std::vector<uint8_t> codes;
+      ConvertToF32(t.dtype(), t.slab_at(s), x.data(), x.size());
+      Signs(p_.seed, s, D, sign.data());
+      for (uint32_t tok = 0; tok < sh.n_token; ++tok) {
+        float* row = x.data() + size_t(tok) * D;
+        for (uint32_t d = 0; d < D; ++d) row[d] *= sign[d];
+        Hadamard(row, D);
+      }
+      uint8_t* dst = body + L.offset[s];
+      for (uint32_t t0 = 0; t0 < sh.n_token; t0 += L.block_tokens(v)) {
+        const uint32_t bt = std::min(L.block_tokens(v), sh.n_token - t0);
+        const size_t n = size_t(bt) * D, n8 = (n + 7) & ~size_t{7};
+        const float* xb = x.data() + size_t(t0) * D;
+        const size_t ns = v ? bt : D;
+        scale.assign(ns, 0.0f);
+        scale_h.assign(ns, 0);
+        for (uint32_t r = 0; r < bt; ++r)
+          for (uint32_t d = 0; d < D; ++d) {
+            float& a = scale[v ? r : d];
+            a = std::max(a, std::fabs(xb[size_t(r) * D + d]));
+          }
+        for (size_t i = 0; i < ns; ++i) {
+          if (!std::isfinite(scale[i]) || scale[i] > 65504.0f * m) {
+            errors[s] = Status::InvalidArgument("mixhq: a value of magnitude " + std::to_string(scale[i]) +
+                                                " does not fit fp16 scales");
+            return;
+          }
+          scale[i] = Scale(scale[i], m, &scale_h[i]);
+        }
+        codes.assign(n8, 0);
+        for (uint32_t r = 0; r < bt; ++r)
+          for (uint32_t d = 0; d < D; ++d) {
+            const float sc = scale[v ? r : d];
+            const float q = sc > 0 ? std::nearbyint(xb[size_t(r) * D + d] / sc) : 0.0f;
+            codes[size_t(r) * D + d] = uint8_t(std::clamp(int(q), -m, m) + m);
+          }
+        std::memcpy(dst, scale_h.data(), ns * 2);
+        quant::PackCodes(codes.data(), n8, BitsFor(m), dst + ns * 2);
+        dst += L.block_bytes(v, bt, m);
+      }
+    });
+    for (const Status& st : errors) KV_RETURN_IF_ERROR(st);
+    return Status::Ok();
+  }
+
+  Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
+    KvBlock& t = *out.tensor;
+    const KvShape& sh = t.shape();
+    const uint32_t D = sh.head_dim;
+    if (D & (D - 1)) return Status::Corrupt("mixhq frame with head_dim " + std::to_string(D));
+    KV_ASSIGN_OR_RETURN(Layout L, MakeLayout(p_, sh));
+    const size_t want = kHeader + sh.n_slab() + L.offset.back();
+    if (in.bytes.size() != want) {
+      return Status::Corrupt("mixhq payload is " + std::to_string(in.bytes.size()) + " bytes, shape " + sh.ToString() +
+                             " needs " + std::to_string(want));
+    }
+    const uint8_t* hdr = in.bytes.data();
+    uint32_t group, n_token;
+    std::memcpy(&group, hdr + 4, 4);
+    std::memcpy(&n_token, hdr + 8, 4);
+    if (hdr[0] != 1 || group != L.group || n_token != sh.n_token ||
+        std::memcmp(hdr + kHeader, L.limit.data(), sh.n_slab()) != 0) {
+      return Status::Corrupt("mixhq payload header (levels per head) does not match the frame's strategy and shape");
+    }
+    const uint8_t* body = hdr + kHeader + sh.n_slab();
+    ParallelFor(ctx.threads, sh.n_slab(), [&](uint64_t s) {
+      const bool v = (s / sh.n_head_kv) % 2;
+      const int m = L.limit[s];
+      std::vector<float> x(sh.slab_numel()), sign(D), scale;
+      std::vector<uint16_t> scale_h;
+      std::vector<uint8_t> codes;
+      const uint8_t* src = body + L.offset[s];
+      for (uint32_t t0 = 0; t0 < sh.n_token; t0 += L.block_tokens(v)) {
+        const uint32_t bt = std::min(L.block_tokens(v), sh.n_token - t0);
+        const size_t n = size_t(bt) * D, n8 = (n + 7) & ~size_t{7};
+        const size_t ns = v ? bt : D;
+        scale_h.resize(ns);
+        scale.resize(ns);
+        std::memcpy(scale_h.data(), src, ns * 2);
+        ConvertToF32(DType::kF16, scale_h.data(), scale.data(), ns);
+        codes.resize(n8);
+        quant::UnpackCodes(src + ns * 2, n8, BitsFor(m), codes.data());
+        float* xb = x.data() + size_t(t0) * D;
+        for (uint32_t r = 0; r < bt; ++r)
+          for (uint32_t d = 0; d < D; ++d)
+            xb[size_t(r) * D + d] = float(int(codes[size_t(r) * D + d]) - m) * scale[v ? r : d];
+        src += L.block_bytes(v, bt, m);
+      }
+      Signs(p_.seed, s, D, sign.data());
+      for (uint32_t tok = 0; tok < sh.n_token; ++tok) {
+        float* row = x.data() + size_t(tok) * D;
+        Hadamard(row, D);
+        for (uint32_t d = 0; d < D; ++d) row[d] *= sign[d];
+      }
+      ConvertFromF32(t.dtype(), x.data(), t.slab_at(s), x.size());
+    });
+    return Status::Ok();
+  }
+
+ private:
+  Params p_;
+};
+
+}  // namespace
+
+StageRegistration MixHqStageRegistration() {
+  StageInfo info;
+  info.name = "mixhq";
+  info.summary = "head-wise mixed precision: Hadamard + symmetric absmax levels, finer for chosen heads";
+  info.input = DataKind::kTensor;
+  info.output = DataKind::kSymbols;
+  using T = ParamSpec::Type;
+  info.params = {
+      {"kfine", T::kInt, 1, 127, {}, "12", "K level limit m (levels -m..m) of fine heads"},
+      {"vfine", T::kInt, 1, 127, {}, "8", "V level limit of fine heads"},
+      {"kcoarse", T::kInt, 1, 127, {}, "6", "K level limit of coarse heads"},
+      {"vcoarse", T::kInt, 1, 127, {}, "4", "V level limit of coarse heads"},
+      {"lo_frac", T::kFloat, 0, 1, {}, "0.8", "share of coarse heads when heads=auto (chosen at random)"},
+      {"heads", T::kList, 0, 1 << 20, {}, "auto", "fine heads, layer * n_head_kv + head, joined by '.'"},
+      {"group", T::kInt, 1, 65536, {}, "32", "tokens sharing a K scale per channel"},
+      {"seed", T::kInt, 0, 1e9, {}, "1", "seed of the rotation signs and of heads=auto"},
+  };
+  return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
+            Params p{int(spec.GetInt("kfine")), int(spec.GetInt("vfine")), int(spec.GetInt("kcoarse")),
+                     int(spec.GetInt("vcoarse")), spec.GetFloat("lo_frac"), uint64_t(spec.GetInt("seed")),
+                     uint32_t(spec.GetInt("group")), spec.Get("heads")};
+            return std::unique_ptr<Stage>(new MixHqStage(std::move(p)));
+          }};
+}
+
+}  // namespace kvserve

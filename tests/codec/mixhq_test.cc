@@ -1,0 +1,114 @@
+// mixhq stage: per-head levels from the spec, the error bound of symmetric absmax levels, head
+// lists, composition with rans, and malformed payloads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kvserve/codec.h"
+#include "kvserve/frame.h"
+#include "kvserve/synth.h"
+
+namespace kvserve {
+namespace {
+
+const KvShape kShape{2, 2, 70, 16};  // 4 (layer, head) pairs
+
+KvBlock Decode(const ByteBuffer& f) {
+  KvBlock out;
+  Status st = DecodeKv(f, &out);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+// Mean squared error of one (layer, part, head) slab.
+double SlabMse(const KvBlock& a, const KvBlock& b, uint32_t l, KvPart p, uint32_t h) {
+  double e = 0;
+  for (uint32_t t = 0; t < a.shape().n_token; ++t)
+    for (uint32_t d = 0; d < a.shape().head_dim; ++d) e += std::pow(a.Get(l, p, h, t, d) - b.Get(l, p, h, t, d), 2);
+  return e / (a.shape().n_token * a.shape().head_dim);
+}
+
+TEST(MixHq, FineHeadsGetSmallerErrors) {
+  KvBlock in = SynthesizeKv(kShape, {.seed = 2, .dtype = DType::kF32}).value();
+  // Heads are numbered layer * n_head_kv + head: 1 = (0, 1), 2 = (1, 0).
+  KvBlock out = Decode(EncodeKv(in, "mixhq(heads=1.2,kfine=40,vfine=40,kcoarse=3,vcoarse=3)").value());
+  for (KvPart p : {KvPart::kKey, KvPart::kValue}) {
+    EXPECT_LT(SlabMse(in, out, 0, p, 1) * 20, SlabMse(in, out, 0, p, 0));
+    EXPECT_LT(SlabMse(in, out, 1, p, 0) * 20, SlabMse(in, out, 1, p, 1));
+  }
+}
+
+TEST(MixHq, ErrorWithinHalfAScalePerRotatedValue) {
+  // The rotation is orthonormal, so a row's error norm equals its rotated-domain error norm,
+  // at most sqrt(D) * scale / 2 with scale = absmax / m of the rotated row (V, per token).
+  KvBlock in = SynthesizeKv(kShape, {.seed = 4, .dtype = DType::kF32}).value();
+  const int m = 5;
+  KvBlock out = Decode(EncodeKv(in, "mixhq(lo_frac=1,vcoarse=5,kcoarse=5)").value());
+  for (uint32_t t = 0; t < kShape.n_token; ++t) {
+    double err = 0, norm = 0;
+    for (uint32_t d = 0; d < 16; ++d) {
+      err += std::pow(in.Get(1, KvPart::kValue, 1, t, d) - out.Get(1, KvPart::kValue, 1, t, d), 2);
+      norm += std::pow(in.Get(1, KvPart::kValue, 1, t, d), 2);
+    }
+    // absmax of the rotated row <= its L2 norm; fp16 rounding of the scale adds 0.1%.
+    EXPECT_LE(std::sqrt(err), std::sqrt(16.0) * std::sqrt(norm) / m / 2 * 1.001 + 1e-6) << t;
+  }
+}
+
+TEST(MixHq, HeadListsAreCanonicalAndChecked) {
+  const std::string c = CanonicalStrategy("mixhq(heads=3.1.3)").value();
+  EXPECT_NE(c.find(",heads=1.3,"), std::string::npos) << c;  // sorted, without repeats
+  EXPECT_EQ(CanonicalStrategy(c).value(), c);
+  auto bad = ParseStrategy("mixhq(heads=1.x)");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("is not 'auto' or a list of integers"), std::string::npos);
+  KvBlock in = SynthesizeKv(kShape, {}).value();
+  auto r = EncodeKv(in, "mixhq(heads=9)");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("lists head 9, but the block has 4"), std::string::npos) << r.status().message();
+}
+
+TEST(MixHq, LoFracChoosesThatShareAtRandomAndLevelsAreRecorded) {
+  KvBlock in = SynthesizeKv(KvShape{4, 5, 20, 8}, {}).value();  // 20 heads
+  ByteBuffer f = EncodeKv(in, "mixhq(lo_frac=0.75,seed=3)").value();
+  auto view = ParseFrame(f).value();
+  // Levels per slab, after the 12-byte stage header: 5 of 20 heads fine (K limit 12, V limit 8).
+  const uint8_t* m = view.payload.data() + 12;
+  int fine_k = 0;
+  for (uint32_t s = 0; s < 40; ++s) {
+    const bool v = (s / 5) % 2;
+    EXPECT_TRUE(m[s] == (v ? 8 : 12) || m[s] == (v ? 4 : 6)) << s;
+    fine_k += !v && m[s] == 12;
+  }
+  EXPECT_EQ(fine_k, 5);
+}
+
+TEST(MixHq, ComposesWithRansLosslessly) {
+  KvBlock in = SynthesizeKv(kShape, {.seed = 9}).value();
+  for (const char* spec : {"mixhq", "mixhq(heads=0.3,kfine=100,vfine=60)", "mixhq(lo_frac=0.5,group=7)"}) {
+    KvBlock plain = Decode(EncodeKv(in, spec).value());
+    KvBlock coded = Decode(EncodeKv(in, std::string(spec) + "|rans").value());
+    EXPECT_EQ(std::memcmp(plain.data(), coded.data(), plain.bytes()), 0) << spec;
+  }
+  // On a block large enough to amortise its frequency tables, the coder shrinks the codes.
+  KvBlock big = SynthesizeKv(KvShape{2, 2, 512, 16}, {.seed = 9}).value();
+  EXPECT_LT(EncodeKv(big, "mixhq|rans").value().size(), EncodeKv(big, "mixhq").value().size());
+}
+
+TEST(MixHq, MalformedPayloadIsRejected) {
+  KvBlock in = SynthesizeKv(kShape, {}).value();
+  ByteBuffer f = EncodeKv(in, "mixhq").value();
+  const size_t at = ParseFrame(f).value().header.header_len();
+  f[at + 12] ^= 1;  // the level of slab 0
+  f.resize(f.size() - 8);
+  ASSERT_TRUE(FinishFrame(&f, 0).ok());
+  KvBlock out;
+  Status st = DecodeKv(f, &out);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("levels per head"), std::string::npos) << st.message();
+  EXPECT_FALSE(EncodeKv(SynthesizeKv(KvShape{1, 1, 8, 12}, {}).value(), "mixhq").ok());  // head_dim 12
+}
+
+}  // namespace
+}  // namespace kvserve
