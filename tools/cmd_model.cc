@@ -403,7 +403,7 @@ void AddModelCommands(CLI::App& app) {
         std::vector<float> logits(m.config.vocab_size);
         std::vector<double> prefill, decode;
         for (int r = 0; r < std::max(1, *runs); ++r) {
-          cache.n_pos = 0;
+          cache.Rewind(0, 0);
           double t0 = NowSeconds();
           KV_RETURN_IF_ERROR(engine.Forward(tokens.data(), prompt, &cache, logits.data(), true));
           double t1 = NowSeconds();

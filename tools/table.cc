@@ -100,7 +100,8 @@ std::string TableSvg(const LlamaModel& m, const std::vector<TableRow>& rows) {
        Fmt("%.0f", (T + H - B) / 2) + ")\" text-anchor=\"middle\">relative accuracy</text>\n";
   for (const auto& r : rows) {
     const double x = X(r.eval.ratio), y = Y(r.eval.relative_accuracy);
-    const bool published = r.named.name.find('+') == std::string::npos && r.named.name.rfind("q", 0) != 0;
+    const bool published = r.named.name.find('+') == std::string::npos && r.named.name.rfind("q", 0) != 0 &&
+                           r.named.name.rfind("snapkv40", 0) != 0;
     s += "<circle cx=\"" + Fmt("%.1f", x) + "\" cy=\"" + Fmt("%.1f", y) + "\" r=\"4\" fill=\"" +
          (published ? "#36c" : "#e80") + "\"/>\n";
     s += "<text x=\"" + Fmt("%.1f", x + 6) + "\" y=\"" + Fmt("%.1f", y - 5) + "\">" + Escape(r.named.name) + "</text>\n";

@@ -73,6 +73,9 @@ Result<std::string> CanonicalStrategy(std::string_view text);
 
 struct CodecOptions {
   int threads = 1;            // worker threads for stages that parallelise over slabs
+  // Importance of each token of the block (e.g. attention it received at prefill), for token
+  // selection; null when the caller has none (prune then falls back to key norms).
+  const std::vector<float>* token_scores = nullptr;
   uint64_t max_decoded_bytes = uint64_t{16} << 30;  // refuse frames that would decode to more
 };
 

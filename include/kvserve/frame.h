@@ -1,8 +1,9 @@
 // The frame: kvserve's self-describing, checksummed unit of encoded KV, on disk (.kvf) and on
 // the wire. Layout (little-endian):
-//   0 magic "KVSF" | 4 u16 version | 6 u16 header_len | 8 u8 dtype | 9 u8[3] zero
+//   0 magic "KVSF" | 4 u16 version | 6 u16 header_len | 8 u8 dtype | 9 u8 flags | 10 u8[2] zero
 //  12 u32 n_layer | 16 u32 n_head_kv | 20 u32 n_token | 24 u32 head_dim | 28 u32 token_offset
 //  32 u64 payload_len | 40 u16 spec_len | 42 spec bytes (canonical strategy)
+//  [flags bit 0: u32 count, count x u32 positions of the tokens a selection stage kept]
 //  header_len: payload | u64 XXH3-64 (xxHash) of everything before it
 #pragma once
 
@@ -30,7 +31,11 @@ struct FrameHeader {
   uint32_t token_offset = 0;
   uint64_t payload_len = 0;
   std::string spec;
-  size_t header_len() const { return kFrameFixedHeader + spec.size(); }
+  // Sequence positions of the kept tokens when the strategy selects tokens (empty otherwise):
+  // strictly increasing, within [token_offset, token_offset + n_token).
+  std::vector<uint32_t> positions;
+  bool has_positions = false;
+  size_t header_len() const { return kFrameFixedHeader + spec.size() + (has_positions ? 4 + 4 * positions.size() : 0); }
   size_t frame_len() const { return header_len() + payload_len + kFrameChecksumBytes; }
 };
 

@@ -87,6 +87,11 @@ class KvBlock {
   // First position of these tokens in the request's sequence (chunks of one prompt differ here).
   uint32_t token_offset() const { return token_offset_; }
   void set_token_offset(uint32_t offset) { token_offset_ = offset; }
+  // Sequence positions of the tokens when they are not contiguous (after token selection); empty
+  // means token i sits at token_offset() + i. RoPE was applied at these positions.
+  const std::vector<uint32_t>& positions() const { return positions_; }
+  void set_positions(std::vector<uint32_t> positions) { positions_ = std::move(positions); }
+  uint32_t position(uint32_t token) const { return positions_.empty() ? token_offset_ + token : positions_[token]; }
 
   // The dense [n_token][head_dim] slab of (layer, part, head), in this block's dtype.
   uint8_t* slab(uint32_t layer, KvPart part, uint32_t head) {
@@ -118,6 +123,7 @@ class KvBlock {
   KvShape shape_;
   DType dtype_ = DType::kF32;
   uint32_t token_offset_ = 0;
+  std::vector<uint32_t> positions_;
   ByteBuffer data_;
 };
 

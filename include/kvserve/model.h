@@ -86,15 +86,20 @@ Result<LlamaModel> LoadGgufModel(const std::string& path);
 std::string ModelsDir();
 std::string Sha256Hex(const void* data, size_t n);
 
-// The running KV cache: a f32 KvBlock of n_token = capacity; positions [0, n_pos) are valid.
+// The running KV cache: a f32 KvBlock of n_token = capacity; slots [0, n_pos) are valid. Slots
+// and sequence positions coincide unless a pruned prefix was loaded: then `next_pos` (the RoPE
+// position of the next token) runs ahead of the slot count.
 struct KvCache {
   KvBlock block;
   uint32_t n_pos = 0;
+  uint32_t next_pos = 0;
+  void Rewind(uint32_t slots, uint32_t position) { n_pos = slots, next_pos = position; }
   static Result<KvCache> Create(const LlamaConfig& c, uint32_t capacity = 0);  // 0 = seq_len
   // Copy of positions [0, n) as a block (the prompt KV a prefill node ships), in `dtype`.
   Result<KvBlock> Prefix(uint32_t n, DType dtype = DType::kF32) const;
-  // Overwrites positions [0, kv.n_token) from `kv` (any dtype) and sets n_pos to that.
-  Status LoadPrefix(const KvBlock& kv);
+  // Overwrites slots [0, kv.n_token) from `kv` (any dtype); n_pos becomes kv.n_token and
+  // next_pos `next_position` (0: one past kv's last token position).
+  Status LoadPrefix(const KvBlock& kv, uint32_t next_position = 0);
 };
 
 // Attention probabilities of the last `window` prompt positions over all prompt positions,
@@ -111,7 +116,7 @@ class LlamaEngine {
   explicit LlamaEngine(const LlamaModel& model);
   const LlamaModel& model() const { return model_; }
 
-  // Runs tokens[0, n) at positions cache->n_pos, ... attending over everything before them; writes
+  // Runs tokens[0, n) at positions cache->next_pos, ... attending over every cached slot; writes
   // their K/V into the cache and advances n_pos. `logits` ([n][vocab]) may be null; with
   // `last_logits_only` only the last row is computed (written to logits[0..vocab)).
   // `capture` (may be null) records attention of the last capture->window of these positions.

@@ -55,7 +55,7 @@ void AppendFrameHeader(const FrameHeader& h, ByteBuffer* out) {
   Put<uint16_t>(out, h.version);
   Put<uint16_t>(out, static_cast<uint16_t>(h.header_len()));
   Put<uint8_t>(out, static_cast<uint8_t>(h.dtype));
-  Put<uint8_t>(out, 0);
+  Put<uint8_t>(out, h.has_positions ? 1 : 0);
   Put<uint16_t>(out, 0);
   Put<uint32_t>(out, h.shape.n_layer);
   Put<uint32_t>(out, h.shape.n_head_kv);
@@ -65,6 +65,10 @@ void AppendFrameHeader(const FrameHeader& h, ByteBuffer* out) {
   Put<uint64_t>(out, h.payload_len);
   Put<uint16_t>(out, static_cast<uint16_t>(h.spec.size()));
   out->insert(out->end(), h.spec.begin(), h.spec.end());
+  if (h.has_positions) {
+    Put<uint32_t>(out, static_cast<uint32_t>(h.positions.size()));
+    for (uint32_t p : h.positions) Put<uint32_t>(out, p);
+  }
 }
 
 Status FinishFrame(ByteBuffer* out, size_t frame_start) {
@@ -94,9 +98,16 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
   const uint8_t* p = b.data();
   const uint16_t header_len = Get<uint16_t>(p + 6);
   const uint16_t spec_len = Get<uint16_t>(p + 40);
-  if (header_len != kFrameFixedHeader + spec_len) {
+  const bool has_positions = p[9] & 1;
+  uint64_t n_positions = 0;
+  if (has_positions) {
+    if (b.size() < kFrameFixedHeader + spec_len + 4u) return Status::Corrupt("truncated frame: positions count missing");
+    n_positions = Get<uint32_t>(p + kFrameFixedHeader + spec_len);
+  }
+  if (header_len != kFrameFixedHeader + spec_len + (has_positions ? 4 + 4 * n_positions : 0)) {
     return Status::Corrupt("frame header_len " + std::to_string(header_len) + " does not match spec_len " +
-                           std::to_string(spec_len) + " + 42");
+                           std::to_string(spec_len) + " + 42" +
+                           (has_positions ? " + positions (" + std::to_string(n_positions) + ")" : std::string()));
   }
   if (spec_len > kFrameMaxSpec) {
     return Status::Corrupt("frame spec_len " + std::to_string(spec_len) + " above the limit of " +
@@ -121,7 +132,7 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
     return Status::Corrupt(buf);
   }
   // The checksum matched, so anything wrong below was written wrong, not damaged in transit.
-  if (p[9] != 0 || p[10] != 0 || p[11] != 0) return Status::Corrupt("frame reserved bytes are not zero");
+  if ((p[9] & ~1) != 0 || p[10] != 0 || p[11] != 0) return Status::Corrupt("frame reserved bytes are not zero");
   FrameView v;
   v.header.version = Get<uint16_t>(p + 4);
   const uint8_t dtype = p[8];
@@ -132,6 +143,19 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
   v.header.token_offset = Get<uint32_t>(p + 28);
   v.header.payload_len = payload_len;
   v.header.spec.assign(reinterpret_cast<const char*>(p + kFrameFixedHeader), spec_len);
+  v.header.has_positions = has_positions;
+  if (has_positions) {
+    const KvShape& sh = v.header.shape;
+    if (n_positions > sh.n_token) return Status::Corrupt("frame keeps " + std::to_string(n_positions) + " of " + std::to_string(sh.n_token) + " tokens");
+    v.header.positions.resize(n_positions);
+    std::memcpy(v.header.positions.data(), p + kFrameFixedHeader + spec_len + 4, 4 * n_positions);
+    for (uint64_t i = 0; i < n_positions; ++i) {
+      const uint32_t q = v.header.positions[i];
+      if (q < v.header.token_offset || q - v.header.token_offset >= sh.n_token || (i && q <= v.header.positions[i - 1])) {
+        return Status::Corrupt("frame token positions are not increasing within the block");
+      }
+    }
+  }
   v.payload = b.subspan(header_len, payload_len);
   return v;
 }

@@ -44,14 +44,30 @@ DataKind Pipeline::output_kind() const {
   return infos_.back()->output;
 }
 
+namespace {
+// Shape of the tensor entering each stage, and (last entry) of what the pipeline decodes to.
+std::vector<KvShape> LevelShapes(const std::vector<Stage*>& stages, const KvShape& input) {
+  std::vector<KvShape> s = {input};
+  for (const Stage* st : stages) s.push_back(st->OutputShape(s.back()));
+  return s;
+}
+}  // namespace
+
 Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOptions& opts) const {
   KV_RETURN_IF_ERROR(block.shape().Validate());
+  if (!block.positions().empty()) {
+    return Status::InvalidArgument("the block already had tokens selected; encode it before selecting again");
+  }
   frame->clear();
+  const std::vector<KvShape> shapes = LevelShapes(stages_, block.shape());
   FrameHeader h;
   h.dtype = block.dtype();
   h.shape = block.shape();
   h.token_offset = block.token_offset();
   h.spec = canonical_;
+  // A selecting stage's kept positions go in the header; they are patched in once known.
+  h.has_positions = shapes.back().n_token != block.shape().n_token;
+  h.positions.assign(h.has_positions ? shapes.back().n_token : 0, 0);
   AppendFrameHeader(h, frame);
   if (stages_.empty()) {
     frame->insert(frame->end(), block.data(), block.data() + block.bytes());
@@ -61,8 +77,10 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
   StageContext ctx;
   ctx.threads = opts.threads;
   ctx.max_decoded_bytes = opts.max_decoded_bytes;
+  ctx.token_scores = opts.token_scores;
   StageInput in;
   in.tensor = &block;
+  std::vector<uint32_t> kept;  // positions a selecting stage kept; later transforms need not carry them
   // Intermediate results live in per-thread buffers that keep their pages between calls: fresh
   // allocations cost page faults comparable to the codec work itself.
   thread_local KvBlock tensors[2];
@@ -71,7 +89,7 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
   for (size_t i = 0; i < stages_.size(); ++i) {
     const bool last = i + 1 == stages_.size();
     if (infos[i]->input == DataKind::kSymbols) {
-      sections = stages_[i - 1]->CodeSections(block.shape());
+      sections = stages_[i - 1]->CodeSections(shapes[i - 1]);
       ctx.sections = &sections;
     }
     StageOutput out;
@@ -83,13 +101,32 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
     }
     KV_RETURN_IF_ERROR(stages_[i]->Encode(in, out, ctx).WithContext("encoding stage '" + infos[i]->name + "'"));
     in = StageInput{};
-    if (out.tensor) in.tensor = out.tensor;
-    else in.bytes = *out.bytes;
+    if (out.tensor) {
+      in.tensor = out.tensor;
+      if (!out.tensor->positions().empty()) kept = out.tensor->positions();
+      if (!(out.tensor->shape() == shapes[i + 1])) {
+        return Status::Internal("stage '" + infos[i]->name + "' produced " + out.tensor->shape().ToString() +
+                                ", announced " + shapes[i + 1].ToString());
+      }
+    } else {
+      in.bytes = *out.bytes;
+    }
+  }
+  if (h.has_positions) {
+    if (kept.size() != h.positions.size()) return Status::Internal("selected positions missing");
+    std::memcpy(frame->data() + kFrameFixedHeader + canonical_.size() + 4, kept.data(), 4 * kept.size());
   }
   if (infos.back()->output == DataKind::kTensor) {
-    // A chain of transforms with no packing stage: store the tensor raw, dtype first.
-    frame->push_back(static_cast<uint8_t>(in.tensor->dtype()));
-    frame->insert(frame->end(), in.tensor->data(), in.tensor->data() + in.tensor->bytes());
+    // A chain of transforms with no packing stage: store the tensor raw, dtype first, in the
+    // input's dtype (transforms compute in f32; storing that would double an fp16 block).
+    const KvBlock* t = in.tensor;
+    KvBlock converted;
+    if (t->dtype() != block.dtype()) {
+      KV_ASSIGN_OR_RETURN(converted, t->ConvertTo(block.dtype()));
+      t = &converted;
+    }
+    frame->push_back(static_cast<uint8_t>(t->dtype()));
+    frame->insert(frame->end(), t->data(), t->data() + t->bytes());
   }
   return FinishFrame(frame, 0);
 }
@@ -97,7 +134,14 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
 namespace {
 Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
                       const std::vector<const StageInfo*>& infos, KvBlock* out, const CodecOptions& opts) {
-  const KvShape& shape = v.header.shape;
+  const std::vector<KvShape> shapes = LevelShapes(stages, v.header.shape);
+  // Everything below the selecting stage works on the kept tokens: the decoded shape.
+  const KvShape& shape = shapes.back();
+  if (v.header.has_positions != (shape.n_token != v.header.shape.n_token) ||
+      v.header.positions.size() != (v.header.has_positions ? shape.n_token : 0)) {
+    return Status::Corrupt("frame keeps " + std::to_string(v.header.positions.size()) + " token positions, strategy '" +
+                           v.header.spec + "' keeps " + std::to_string(shape.n_token));
+  }
   const uint64_t out_bytes = shape.numel() * DTypeSize(v.header.dtype);
   if (out_bytes > opts.max_decoded_bytes) {
     return Status::OutOfRange("frame would decode to " + std::to_string(out_bytes) + " bytes, above the limit of " +
@@ -137,11 +181,12 @@ Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
   std::vector<CodeSection> sections;
   for (size_t k = stages.size(); k-- > 0;) {
     if (infos[k]->input == DataKind::kSymbols) {
-      sections = stages[k - 1]->CodeSections(shape);
+      sections = stages[k - 1]->CodeSections(shapes[k - 1]);
       ctx.sections = &sections;
     }
     StageOutput o;
     if (infos[k]->input == DataKind::kTensor) {
+      // A selecting stage does not restore dropped tokens: every tensor level decodes to the kept ones.
       o.tensor = k == 0 ? out : &tensors[k % 2];
       KV_RETURN_IF_ERROR(o.tensor->Reset(shape, k == 0 ? v.header.dtype : DType::kF32));
     } else {
@@ -154,6 +199,7 @@ Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
     else in.bytes = *o.bytes;
   }
   out->set_token_offset(v.header.token_offset);
+  out->set_positions(v.header.positions);
   return Status::Ok();
 }
 }  // namespace

@@ -6,6 +6,7 @@ namespace kvserve {
 
 const std::vector<StageRegistration>& StageRegistry() {
   static const std::vector<StageRegistration> kRegistry = {
+      PruneStageRegistration(),
       RotateStageRegistration(),
       DeltaStageRegistration(),
       CastStageRegistration(),

@@ -29,6 +29,8 @@ struct CodeSection {
 
 struct StageContext {
   int threads = 1;
+  // Per-token importance of the block being encoded (higher = keep), when the caller has it.
+  const std::vector<float>* token_scores = nullptr;
   uint64_t max_decoded_bytes = uint64_t{16} << 30;
   // For a stage consuming symbols: the producing stage's code sections (in offset order).
   const std::vector<CodeSection>* sections = nullptr;
@@ -54,6 +56,9 @@ class Stage {
   // For stages producing symbols: where the codes are, for a tensor of this shape. A pure
   // function of the stage's parameters and the shape, so the decoder can ask it before decoding.
   virtual std::vector<CodeSection> CodeSections(const KvShape& shape) const { return {}; }
+  // Shape of the tensor this stage's encoder produces from one of `in` (token selection keeps
+  // fewer tokens); a pure function, so the decoder knows every level's shape up front.
+  virtual KvShape OutputShape(const KvShape& in) const { return in; }
 };
 
 using StageFactory = Result<std::unique_ptr<Stage>> (*)(const StageSpec& spec);
@@ -71,6 +76,7 @@ StageRegistration RansStageRegistration();
 StageRegistration RotateStageRegistration();
 StageRegistration DeltaStageRegistration();
 StageRegistration MixHqStageRegistration();
+StageRegistration PruneStageRegistration();
 
 const std::vector<StageRegistration>& StageRegistry();
 Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec);

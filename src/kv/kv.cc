@@ -50,6 +50,7 @@ Result<KvBlock> KvBlock::Create(const KvShape& shape, DType dtype) {
 
 Status KvBlock::Reset(const KvShape& shape, DType dtype) {
   KV_RETURN_IF_ERROR(shape.Validate());
+  positions_.clear();
   shape_ = shape;
   dtype_ = dtype;
   data_.resize(shape.numel() * DTypeSize(dtype));
@@ -76,6 +77,7 @@ Result<KvBlock> KvBlock::ConvertTo(DType dtype) const {
   KvBlock out;
   KV_RETURN_IF_ERROR(out.Reset(shape_, dtype));
   out.token_offset_ = token_offset_;
+  out.positions_ = positions_;
   if (dtype == dtype_) {
     std::memcpy(out.data(), data(), bytes());
     return out;
@@ -103,6 +105,7 @@ Result<KvBlock> KvBlock::SliceTokens(uint32_t begin, uint32_t count) const {
   KvBlock out;
   KV_RETURN_IF_ERROR(out.Reset(s, dtype_));
   out.token_offset_ = token_offset_ + begin;
+  if (!positions_.empty()) out.positions_.assign(positions_.begin() + begin, positions_.begin() + begin + count);
   const size_t row = size_t{shape_.head_dim} * DTypeSize(dtype_);
   for (uint64_t i = 0; i < shape_.n_slab(); ++i) {
     std::memcpy(out.slab_at(i), slab_at(i) + begin * row, count * row);

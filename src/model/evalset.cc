@@ -35,7 +35,7 @@ Result<EvalSet> BuildEvalSet(const LlamaModel& model, uint32_t n_contexts, uint6
       ctx = model.tokenizer.Encode(kFixedPrompts[i], true);
       ctx.resize(std::min<size_t>(ctx.size(), c.seq_len / 2));
     }
-    cache.n_pos = 0;
+    cache.Rewind(0, 0);
     KV_RETURN_IF_ERROR(engine.Forward(ctx.data(), uint32_t(ctx.size()), &cache, logits.data(), true));
     // Sampling runs straight through story boundaries (BOS), as in the training data.
     while (ctx.size() < c.seq_len) {

@@ -56,6 +56,9 @@ struct Evaluator::Impl {
   std::vector<ExactContext> exact;
   std::vector<KvBlock> prompt_kv;  // fp16
   std::vector<std::vector<float>> prompt_last_logits;
+  // Per prompt token: attention received from the prompt's last 32 positions, summed over layers
+  // and heads (SnapKV's observation window), for token selection.
+  std::vector<std::vector<float>> token_scores;
 
   std::string CachePath() const {
     std::string dir = opts.cache_dir;
@@ -125,17 +128,26 @@ struct Evaluator::Impl {
 
   // Prefill of context i's prompt (exact, f32), keeping its fp16 KV and last logits.
   Status Prefill(LlamaEngine& engine, KvCache& cache, uint32_t i) {
-    cache.n_pos = 0;
+    cache.Rewind(0, 0);
     prompt_last_logits[i].resize(model->config.vocab_size);
-    KV_RETURN_IF_ERROR(engine.Forward(set.contexts[i].data(), prompt_len, &cache, prompt_last_logits[i].data(), true));
+    AttentionCapture cap;
+    cap.window = 32;
+    KV_RETURN_IF_ERROR(
+        engine.Forward(set.contexts[i].data(), prompt_len, &cache, prompt_last_logits[i].data(), true, &cap));
+    std::vector<float>& ts = token_scores[i];
+    ts.assign(prompt_len, 0.0f);
+    for (size_t row = 0; row < cap.probs.size() / cap.n_prompt; ++row)
+      for (uint32_t j = 0; j < prompt_len; ++j) ts[j] += cap.probs[row * cap.n_prompt + j];
     KV_ASSIGN_OR_RETURN(prompt_kv[i], cache.Prefix(prompt_len, DType::kF16));
     return Status::Ok();
   }
 
-  // Teacher-forced logprobs of the continuation over whatever prompt KV the cache holds.
-  Status Continuation(LlamaEngine& engine, KvCache& cache, uint32_t i, std::vector<float>* logprobs) {
+  // Teacher-forced logprobs of the continuation over whatever prompt KV the cache holds in its
+  // first `prefix_slots` slots (fewer than prompt_len when tokens were pruned).
+  Status Continuation(LlamaEngine& engine, KvCache& cache, uint32_t i, uint32_t prefix_slots,
+                      std::vector<float>* logprobs) {
     const uint32_t V = model->config.vocab_size;
-    cache.n_pos = prompt_len;
+    cache.Rewind(prefix_slots, prompt_len);
     logprobs->resize(size_t(n_cont) * V);
     KV_RETURN_IF_ERROR(engine.Forward(set.contexts[i].data() + prompt_len, n_cont, &cache, logprobs->data()));
     for (uint32_t t = 0; t < n_cont; ++t) LogSoftmax(logprobs->data() + size_t(t) * V, V);
@@ -165,11 +177,11 @@ struct Evaluator::Impl {
 
   // Greedy tokens after the prompt; with `reference`, stops at the first disagreement and
   // returns the common prefix length.
-  Result<uint32_t> Greedy(LlamaEngine& engine, KvCache& cache, uint32_t i, std::vector<int>* out,
-                          const std::vector<int>* reference) {
+  Result<uint32_t> Greedy(LlamaEngine& engine, KvCache& cache, uint32_t i, uint32_t prefix_slots,
+                          std::vector<int>* out, const std::vector<int>* reference) {
     const uint32_t V = model->config.vocab_size, G = opts.greedy_tokens;
     std::vector<float> logits(V);
-    cache.n_pos = prompt_len;
+    cache.Rewind(prefix_slots, prompt_len);
     int tok = int(Argmax(prompt_last_logits[i].data(), V));  // the prefill node's own first token
     out->assign(1, tok);
     while (out->size() < G) {
@@ -217,15 +229,16 @@ Result<std::unique_ptr<Evaluator>> Evaluator::Create(const LlamaModel& model, co
   }
   impl->prompt_kv.resize(n_ctx);
   impl->prompt_last_logits.resize(n_ctx);
+  impl->token_scores.resize(n_ctx);
   Impl& im = *impl;
   KV_RETURN_IF_ERROR(im.ForEachContext(
       [&](LlamaEngine& engine, KvCache& cache, uint32_t i) -> Status {
         KV_RETURN_IF_ERROR(im.Prefill(engine, cache, i));
         if (cached) return Status::Ok();
         // The exact reference attends over the fp16 prompt KV, exactly what strategy `none` gives.
-        KV_RETURN_IF_ERROR(cache.LoadPrefix(im.prompt_kv[i]));
-        KV_RETURN_IF_ERROR(im.Continuation(engine, cache, i, &im.exact[i].logprobs));
-        return im.Greedy(engine, cache, i, &im.exact[i].greedy, nullptr).status();
+        KV_RETURN_IF_ERROR(cache.LoadPrefix(im.prompt_kv[i], im.prompt_len));
+        KV_RETURN_IF_ERROR(im.Continuation(engine, cache, i, im.prompt_len, &im.exact[i].logprobs));
+        return im.Greedy(engine, cache, i, im.prompt_len, &im.exact[i].greedy, nullptr).status();
       },
       progress));
   if (!cached && impl->opts.disk_cache) impl->SaveCache();
@@ -247,12 +260,15 @@ Result<EvalMetrics> Evaluator::Evaluate(std::string_view strategy, const Progres
         std::vector<float> lp;
         std::vector<int> greedy;
         const KvBlock& kv = im.prompt_kv[i];
-        KV_RETURN_IF_ERROR(pipeline.Encode(kv, &frame));
+        CodecOptions co;
+        co.token_scores = &im.token_scores[i];
+        KV_RETURN_IF_ERROR(pipeline.Encode(kv, &frame, co));
         KV_RETURN_IF_ERROR(pipeline.Decode(frame, &decoded));
         pt.fp16_bytes = kv.shape().numel() * 2;
         pt.frame_bytes = frame.size();
-        KV_RETURN_IF_ERROR(cache.LoadPrefix(decoded));
-        KV_RETURN_IF_ERROR(im.Continuation(engine, cache, i, &lp));
+        KV_RETURN_IF_ERROR(cache.LoadPrefix(decoded, im.prompt_len));
+        const uint32_t slots = decoded.shape().n_token;
+        KV_RETURN_IF_ERROR(im.Continuation(engine, cache, i, slots, &lp));
         const std::vector<int>& ctx = im.set.contexts[i];
         const std::vector<float>& ex = im.exact[i].logprobs;
         for (uint32_t t = 0; t < im.n_cont; ++t) {
@@ -273,7 +289,7 @@ Result<EvalMetrics> Evaluator::Evaluate(std::string_view strategy, const Progres
           pt.exact_nll -= pe[y];
         }
         pt.positions = im.n_cont;
-        KV_ASSIGN_OR_RETURN(uint32_t m, im.Greedy(engine, cache, i, &greedy, &im.exact[i].greedy));
+        KV_ASSIGN_OR_RETURN(uint32_t m, im.Greedy(engine, cache, i, slots, &greedy, &im.exact[i].greedy));
         pt.greedy = m;
         return Status::Ok();
       },

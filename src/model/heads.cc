@@ -22,7 +22,7 @@ Result<std::vector<HeadScore>> RetrievalHeadScores(const Evaluator& ev, const He
   for (size_t i = 0; i < contexts.size(); ++i) {
     AttentionCapture cap;
     cap.window = opts.window;
-    cache.n_pos = 0;
+    cache.Rewind(0, 0);
     KV_RETURN_IF_ERROR(engine.Forward(contexts[i].data(), P, &cache, nullptr, false, &cap));
     for (uint32_t l = 0; l < c.n_layer; ++l) {
       for (uint32_t h = 0; h < c.n_head; ++h) {

@@ -68,10 +68,13 @@ Status LlamaEngine::Forward(const int* tokens, uint32_t n, KvCache* cache, float
   const LlamaConfig& c = model_.config;
   const LlamaWeights& w = model_.weights;
   const uint32_t dim = c.dim, hs = c.head_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
-  const uint32_t group = c.n_head / c.n_head_kv, p0 = cache->n_pos, capacity = cache->block.shape().n_token;
+  // p0: first free cache slot; pos0: sequence position of the first token (they differ after a
+  // pruned prefix, whose kept tokens keep their original positions).
+  const uint32_t group = c.n_head / c.n_head_kv, p0 = cache->n_pos, pos0 = cache->next_pos;
+  const uint32_t capacity = cache->block.shape().n_token;
   if (n == 0) return Status::Ok();
-  if (uint64_t(p0) + n > std::min(capacity, c.seq_len)) {
-    return Status::OutOfRange("positions " + std::to_string(p0) + ".." + std::to_string(p0 + n - 1) +
+  if (uint64_t(pos0) + n > c.seq_len || uint64_t(p0) + n > capacity) {
+    return Status::OutOfRange("positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
                               " exceed the context of " + std::to_string(std::min(capacity, c.seq_len)));
   }
   for (uint32_t t = 0; t < n; ++t) {
@@ -102,8 +105,8 @@ Status LlamaEngine::Forward(const int* tokens, uint32_t n, KvCache* cache, float
     ops::MatMul(xb_.data(), n, dim, w.wv + size_t(l) * kv_dim * dim, kv_dim, v_.data());
     // RoPE: rotate adjacent pairs (2i, 2i+1) within each head by pos * theta^(-2i/head_dim).
     for (uint32_t t = 0; t < n; ++t) {
-      const float* cs = &rope_cos_[size_t(p0 + t) * hs / 2];
-      const float* sn = &rope_sin_[size_t(p0 + t) * hs / 2];
+      const float* cs = &rope_cos_[size_t(pos0 + t) * hs / 2];
+      const float* sn = &rope_sin_[size_t(pos0 + t) * hs / 2];
       for (uint32_t j = 0; j < dim; j += 2) {
         const uint32_t f = (j % hs) / 2;
         float* qv = &q_[size_t(t) * dim + j];
@@ -167,6 +170,7 @@ Status LlamaEngine::Forward(const int* tokens, uint32_t n, KvCache* cache, float
     for (size_t i = 0; i < x_.size(); ++i) x_[i] += xb_[i];
   }
   cache->n_pos = p0 + n;
+  cache->next_pos = pos0 + n;
 
   if (logits != nullptr) {
     const uint32_t first = last_logits_only ? n - 1 : 0, rows = n - first;
@@ -186,11 +190,11 @@ Result<std::vector<int>> LlamaEngine::Generate(const std::vector<int>& prompt, u
   uint64_t s = seed;
   Rng rng(SplitMix(s));
   std::vector<int> out;
-  while (out.size() < n && cache.n_pos < c.seq_len) {
+  while (out.size() < n && cache.next_pos < c.seq_len) {
     const int next = temperature <= 0 ? int(Argmax(logits.data(), c.vocab_size))
                                       : int(SampleTopP(logits.data(), c.vocab_size, temperature, top_p, rng.Uniform()));
     out.push_back(next);
-    if (out.size() == n || cache.n_pos >= c.seq_len) break;
+    if (out.size() == n || cache.next_pos >= c.seq_len) break;
     KV_RETURN_IF_ERROR(Forward(&next, 1, &cache, logits.data(), true));
   }
   return out;

@@ -161,7 +161,7 @@ Result<KvBlock> KvCache::Prefix(uint32_t n, DType dtype) const {
   return b.ConvertTo(dtype);
 }
 
-Status KvCache::LoadPrefix(const KvBlock& kv) {
+Status KvCache::LoadPrefix(const KvBlock& kv, uint32_t next_position) {
   const KvShape& s = kv.shape();
   const KvShape& c = block.shape();
   if (s.n_layer != c.n_layer || s.n_head_kv != c.n_head_kv || s.head_dim != c.head_dim || s.n_token > c.n_token) {
@@ -172,6 +172,7 @@ Status KvCache::LoadPrefix(const KvBlock& kv) {
     ConvertToF32(kv.dtype(), kv.slab_at(i), reinterpret_cast<float*>(block.slab_at(i)), row);
   }
   n_pos = s.n_token;
+  next_pos = next_position ? next_position : (s.n_token ? kv.position(s.n_token - 1) + 1 : 0);
   return Status::Ok();
 }
 

@@ -38,6 +38,15 @@ std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t pro
       {"q3k2v+rans", q(3, 2, "channel", 64) + "|rans", "more bits for K than V"},
       {"q2c128+rans", q(2, 2, "channel", 128) + "|rans", ""},
       {"q2c64+rans", q(2, 2, "channel", 64) + "|rans", ""},
+      {"streamingllm", "prune(sink=4,recent=" + std::to_string(prompt_len / 4) + ",keep=0)",
+       "StreamingLLM: 4 attention sinks + a recent window of a quarter of the prompt, fp16"},
+      {"snapkv", "prune(sink=4,recent=32,keep=0.25,score=attn)",
+       "SnapKV/H2O-like: keep the observation window (last 32) and the quarter of the rest that got the most "
+       "prefill attention from it (one selection for all heads; SnapKV selects per head)"},
+      {"snapkv+q3k2v+rans", "prune(sink=4,recent=32,keep=0.5,score=attn)|" + q(3, 2, "channel", 64) + "|rans",
+       "token selection + quantisation + entropy coding"},
+      {"snapkv+q2c64+rans", "prune(sink=4,recent=32,keep=0.5,score=attn)|" + q(2, 2, "channel", 64) + "|rans", ""},
+      {"snapkv40+q2c128+rans", "prune(sink=4,recent=32,keep=0.4,score=attn)|" + q(2, 2, "channel", 128) + "|rans", ""},
       {"mixhq4", "mixhq(kfine=12,vfine=8,kcoarse=6,vcoarse=4,lo_frac=0.8,group=64)|rans",
        "MixHQ with its published limits (K/V 12/8 fine, 6/4 coarse, 80% coarse); fine heads chosen at random "
        "here (see docs/results/mixhq.md for retrieval and sensitivity rankings)"},

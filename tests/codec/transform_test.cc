@@ -33,7 +33,7 @@ TEST(Rotate, InverseIsExactUpToFloatError) {
 
 TEST(Rotate, IsOrthonormalAndSpreadsOutliers) {
   // One head with a single huge channel: after rotation every channel carries 1/sqrt(D) of it.
-  KvBlock in = KvBlock::Create(KvShape{1, 1, 4, 16}, DType::kF32).value();
+  KvBlock in = KvBlock::Create(KvShape{1, 1, 4, 16}, DType::kF32).value();  // f32 in: f32 stored
   for (uint32_t t = 0; t < 4; ++t) in.Set(0, KvPart::kKey, 0, t, 3, 100.0f);
   ByteBuffer f = EncodeKv(in, "rotate").value();
   // The payload is the raw rotated f32 tensor (dtype byte first).

@@ -224,6 +224,36 @@ TEST(Engine, BatchedAndTokenByTokenAgreeAndPrefixReloads) {
   for (size_t i = 0; i < tail.size(); ++i) ASSERT_EQ(tail[i], batched[size_t(n - 3) * V + i]) << i;
 }
 
+TEST(Engine, PrunedPrefixKeepsRopePositions) {
+  // Drop tokens 2..5 of a 12-token prompt's KV: the next token must still sit at position 12,
+  // so its layer-0 key (which depends only on the token and its position) equals the full run's.
+  const LlamaModel& m = Stories();
+  LlamaEngine engine(m);
+  const std::vector<int> t = m.tokenizer.Encode("The cat sat on the mat and looked at the dog", true);
+  ASSERT_GE(t.size(), 13u);
+  KvCache full = KvCache::Create(m.config).value();
+  ASSERT_TRUE(engine.Forward(t.data(), 13, &full, nullptr).ok());
+  KvCache part = KvCache::Create(m.config).value();
+  ASSERT_TRUE(engine.Forward(t.data(), 12, &part, nullptr).ok());
+  KvBlock prefix = part.Prefix(12).value();
+  std::vector<uint32_t> keep = {0, 1, 6, 7, 8, 9, 10, 11};
+  KvShape s = prefix.shape();
+  s.n_token = uint32_t(keep.size());
+  KvBlock pruned = KvBlock::Create(s, DType::kF32).value();
+  for (uint64_t sl = 0; sl < s.n_slab(); ++sl)
+    for (size_t j = 0; j < keep.size(); ++j)
+      std::memcpy(pruned.slab_at(sl) + j * s.head_dim * 4, prefix.slab_at(sl) + keep[j] * s.head_dim * 4, s.head_dim * 4);
+  pruned.set_positions(keep);
+  KvCache c = KvCache::Create(m.config).value();
+  ASSERT_TRUE(c.LoadPrefix(pruned).ok());
+  EXPECT_EQ(c.n_pos, 8u);
+  EXPECT_EQ(c.next_pos, 12u);
+  ASSERT_TRUE(engine.Forward(&t[12], 1, &c, nullptr).ok());
+  for (uint32_t h = 0; h < m.config.n_head_kv; ++h)
+    for (uint32_t d = 0; d < m.config.head_dim(); ++d)
+      EXPECT_NEAR(c.block.Get(0, KvPart::kKey, h, 8, d), full.block.Get(0, KvPart::kKey, h, 12, d), 1e-5);
+}
+
 TEST(Engine, RejectsBadTokensAndOverflow) {
   const LlamaModel& m = Baby();
   LlamaEngine engine(m);
@@ -231,7 +261,7 @@ TEST(Engine, RejectsBadTokensAndOverflow) {
   int bad = 105;
   Status st = engine.Forward(&bad, 1, &cache, nullptr);
   EXPECT_NE(st.message().find("token id 105"), std::string::npos);
-  cache.n_pos = m.config.seq_len;
+  cache.Rewind(m.config.seq_len, m.config.seq_len);
   int ok = 1;
   EXPECT_EQ(engine.Forward(&ok, 1, &cache, nullptr).code(), StatusCode::kOutOfRange);
 }

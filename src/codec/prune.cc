@@ -1,0 +1,123 @@
+// prune(sink, recent, keep, score): token selection. Keeps the first `sink` tokens (attention
+// sinks, StreamingLLM), the last `recent`, and the top `keep` share of the tokens between them by
+// importance: the attention they received from the prompt's last positions at prefill
+// (SnapKV/H2O-style, given by the caller as token scores), or — with score=knorm, or when no
+// scores are given — the smallest key norm, which in trained models marks the keys that draw
+// the most attention (Devoto et al., 2024). One selection for all layers and heads: the kept
+// block stays rectangular and the decode side keeps one position list (recorded in the frame
+// header), so RoPE positions stay right. Per-head selection would keep more of what each head
+// needs, at the price of ragged blocks; not done.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "codec/stage.h"
+
+namespace kvserve {
+namespace {
+
+class PruneStage final : public Stage {
+ public:
+  PruneStage(uint32_t sink, uint32_t recent, double keep, bool attn) : sink_(sink), recent_(recent), keep_(keep), attn_(attn) {}
+
+  KvShape OutputShape(const KvShape& in) const override {
+    KvShape out = in;
+    const uint32_t s = std::min(sink_, in.n_token), r = std::min(recent_, in.n_token - s);
+    const uint32_t mid = in.n_token - s - r;
+    out.n_token = s + r + uint32_t(std::lround(keep_ * mid));
+    return out;
+  }
+
+  Status Encode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
+    const KvBlock& t = *in.tensor;
+    const KvShape& sh = t.shape();
+    const uint32_t n = sh.n_token, s = std::min(sink_, n), r = std::min(recent_, n - s), mid = n - s - r;
+    const uint32_t k = uint32_t(std::lround(keep_ * mid));
+    std::vector<double> score(n, 0.0);
+    if (attn_ && ctx.token_scores != nullptr) {
+      if (ctx.token_scores->size() != n) {
+        return Status::InvalidArgument("prune got " + std::to_string(ctx.token_scores->size()) +
+                                       " token scores for a block of " + std::to_string(n) + " tokens");
+      }
+      for (uint32_t i = 0; i < n; ++i) score[i] = (*ctx.token_scores)[i];
+    } else {
+      // Negative squared key norm, summed over layers and heads: small keys rank first.
+      std::vector<float> row(sh.head_dim);
+      for (uint32_t l = 0; l < sh.n_layer; ++l)
+        for (uint32_t h = 0; h < sh.n_head_kv; ++h) {
+          const uint8_t* slab = t.slab(l, KvPart::kKey, h);
+          for (uint32_t i = 0; i < n; ++i) {
+            ConvertToF32(t.dtype(), slab + size_t(i) * sh.head_dim * DTypeSize(t.dtype()), row.data(), sh.head_dim);
+            double sq = 0;
+            for (float x : row) sq += double(x) * x;
+            score[i] -= sq;
+          }
+        }
+    }
+    std::vector<uint32_t> middle(mid);
+    std::iota(middle.begin(), middle.end(), s);
+    std::stable_sort(middle.begin(), middle.end(), [&](uint32_t a, uint32_t b) { return score[a] > score[b]; });
+    std::vector<uint32_t> keep_idx;
+    for (uint32_t i = 0; i < s; ++i) keep_idx.push_back(i);
+    keep_idx.insert(keep_idx.end(), middle.begin(), middle.begin() + k);
+    for (uint32_t i = n - r; i < n; ++i) keep_idx.push_back(i);
+    std::sort(keep_idx.begin(), keep_idx.end());
+    KvShape os = sh;
+    os.n_token = uint32_t(keep_idx.size());
+    KV_RETURN_IF_ERROR(out.tensor->Reset(os, DType::kF32));
+    out.tensor->set_token_offset(t.token_offset());
+    std::vector<uint32_t> pos;
+    for (uint32_t i : keep_idx) pos.push_back(t.position(i));
+    const size_t D = sh.head_dim, es = DTypeSize(t.dtype());
+    for (uint64_t sl = 0; sl < sh.n_slab(); ++sl) {
+      float* dst = reinterpret_cast<float*>(out.tensor->slab_at(sl));
+      for (size_t j = 0; j < keep_idx.size(); ++j) {
+        ConvertToF32(t.dtype(), t.slab_at(sl) + keep_idx[j] * D * es, dst + j * D, D);
+      }
+    }
+    out.tensor->set_positions(std::move(pos));
+    return Status::Ok();
+  }
+
+  Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
+    // The kept tokens pass through; the pipeline attaches their positions from the frame header.
+    const KvBlock& t = *in.tensor;
+    if (!(t.shape() == out.tensor->shape())) return Status::Corrupt("prune input does not match the frame's kept tokens");
+    const size_t n = t.shape().slab_numel();
+    std::vector<float> buf(n);
+    for (uint64_t sl = 0; sl < t.shape().n_slab(); ++sl) {
+      ConvertToF32(t.dtype(), t.slab_at(sl), buf.data(), n);
+      ConvertFromF32(out.tensor->dtype(), buf.data(), out.tensor->slab_at(sl), n);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  uint32_t sink_, recent_;
+  double keep_;
+  bool attn_;
+};
+
+}  // namespace
+
+StageRegistration PruneStageRegistration() {
+  StageInfo info;
+  info.name = "prune";
+  info.summary = "token selection: keep sinks, the recent window, and the most important share of the rest";
+  info.input = DataKind::kTensor;
+  info.output = DataKind::kTensor;
+  using T = ParamSpec::Type;
+  info.params = {
+      {"sink", T::kInt, 0, 1 << 20, {}, "4", "first tokens always kept (attention sinks)"},
+      {"recent", T::kInt, 0, 1 << 20, {}, "64", "last tokens always kept"},
+      {"keep", T::kFloat, 0, 1, {}, "0.5", "share of the tokens in between that is kept"},
+      {"score", T::kEnum, 0, 0, {"attn", "knorm"}, "attn",
+       "importance: prefill attention (falls back to knorm when none is given), or small key norm"},
+  };
+  return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
+            return std::unique_ptr<Stage>(new PruneStage(uint32_t(spec.GetInt("sink")), uint32_t(spec.GetInt("recent")),
+                                                         spec.GetFloat("keep"), spec.Get("score") == "attn"));
+          }};
+}
+
+}  // namespace kvserve

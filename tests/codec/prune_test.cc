@@ -1,0 +1,87 @@
+// prune stage: what it keeps, the positions it records, and that frames carrying positions are
+// verified like the rest of the header.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kvserve/codec.h"
+#include "kvserve/frame.h"
+#include "kvserve/synth.h"
+
+namespace kvserve {
+namespace {
+
+TEST(Prune, KeepsSinksRecentAndTheBestScoredTokens) {
+  KvBlock in = SynthesizeKv(KvShape{2, 2, 20, 8}, {.seed = 1}).value();
+  in.set_token_offset(100);
+  std::vector<float> scores(20, 0.0f);
+  scores[7] = 5, scores[11] = 4, scores[3] = 3;  // token 3 is a sink anyway
+  CodecOptions o;
+  o.token_scores = &scores;
+  ByteBuffer f = EncodeKv(in, "prune(sink=2,recent=4,keep=0.15)", o).value();  // 14 in the middle: keep 2
+  FrameView v = ParseFrame(f).value();
+  EXPECT_EQ(v.header.positions, (std::vector<uint32_t>{100, 101, 107, 111, 116, 117, 118, 119}));
+  KvBlock out;
+  ASSERT_TRUE(DecodeKv(f, &out).ok());
+  EXPECT_EQ(out.shape().n_token, 8u);
+  EXPECT_EQ(out.positions(), v.header.positions);
+  // Kept tokens are the originals, untouched.
+  for (uint32_t j = 0; j < 8; ++j)
+    for (uint32_t d = 0; d < 8; ++d)
+      EXPECT_EQ(out.Get(1, KvPart::kValue, 1, j, d), in.Get(1, KvPart::kValue, 1, out.positions()[j] - 100, d));
+}
+
+TEST(Prune, KeyNormFallbackKeepsTheSmallestKeys) {
+  KvBlock in = KvBlock::Create(KvShape{1, 1, 10, 8}, DType::kF32).value();
+  for (uint32_t t = 0; t < 10; ++t)
+    for (uint32_t d = 0; d < 8; ++d) in.Set(0, KvPart::kKey, 0, t, d, t == 5 ? 0.01f : 1.0f + t);
+  ByteBuffer f = EncodeKv(in, "prune(sink=1,recent=1,keep=0.125,score=knorm)").value();  // keep 1 of 8
+  EXPECT_EQ(ParseFrame(f).value().header.positions, (std::vector<uint32_t>{0, 5, 9}));
+  // score=attn without scores falls back to the same choice.
+  EXPECT_EQ(ParseFrame(EncodeKv(in, "prune(sink=1,recent=1,keep=0.125)").value()).value().header.positions,
+            ParseFrame(f).value().header.positions);
+}
+
+TEST(Prune, ComposesAndRoundTripsPositions) {
+  KvBlock in = SynthesizeKv(KvShape{2, 2, 100, 16}, {.seed = 3}).value();
+  for (const char* spec : {"prune|quant|rans", "rotate|prune(keep=0.3)|quant(kbits=3)|zstd", "prune(keep=0)|mixhq|rans",
+                           "prune(keep=1)", "prune(sink=0,recent=0,keep=0.5)|cast"}) {
+    auto f = EncodeKv(in, spec);
+    ASSERT_TRUE(f.ok()) << spec << ": " << f.status().ToString();
+    KvBlock out;
+    Status st = DecodeKv(f.value(), &out);
+    ASSERT_TRUE(st.ok()) << spec << ": " << st.ToString();
+    const FrameView v = ParseFrame(f.value()).value();
+    EXPECT_EQ(v.header.shape.n_token, 100u) << spec;  // the header keeps the original shape
+    EXPECT_EQ(out.positions(), v.header.positions) << spec;
+    EXPECT_EQ(out.shape().n_token, v.header.has_positions ? v.header.positions.size() : 100u) << spec;
+  }
+  // A block that already had tokens selected is not selected again.
+  KvBlock out;
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "prune").value(), &out).ok());
+  EXPECT_FALSE(EncodeKv(out, "quant").ok());
+}
+
+TEST(Prune, TamperedPositionsAreRejected) {
+  KvBlock in = SynthesizeKv(KvShape{1, 1, 30, 8}, {}).value();
+  ByteBuffer good = EncodeKv(in, "prune(sink=1,recent=1,keep=0.5)").value();
+  const size_t spec_len = ParseFrame(good).value().header.spec.size();
+  const size_t pos_at = kFrameFixedHeader + spec_len + 4;
+  auto decode_patched = [&](size_t at, uint32_t value) {
+    ByteBuffer f = good;
+    std::memcpy(f.data() + at, &value, 4);
+    f.resize(f.size() - 8);
+    EXPECT_TRUE(FinishFrame(&f, 0).ok());
+    KvBlock out;
+    return DecodeKv(f, &out);
+  };
+  Status st = decode_patched(pos_at + 4, 0);  // second position before the first's successor
+  EXPECT_NE(st.message().find("not increasing"), std::string::npos) << st.message();
+  st = decode_patched(pos_at + 4, 1000);  // beyond the block
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  st = decode_patched(pos_at - 4, 3);  // count disagrees with header_len
+  EXPECT_NE(st.message().find("header_len"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace kvserve
