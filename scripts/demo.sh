@@ -12,7 +12,7 @@ echo "== stories260K writes a story (greedy)"
 $kv generate -m stories260K -p "Once upon a time" -n 60
 echo
 echo "== quality of its KV cache under two strategies (relative accuracy on ~8,000 positions)"
-$kv eval -m stories260K -s 'quant(kbits=4,vbits=4)' -s 'quant(kbits=2,vbits=2,group=64,residual=128)|zstd'
+$kv eval -m stories260K -s 'quant(kbits=4,vbits=4)' -s 'prune(keep=0.5,recent=32)|quant(kbits=3,vbits=2,vaxis=channel,group=64)|rans'
 echo
 echo "== synthesize a llama3-8b KV block (256 tokens, fp16)"
 $kv kv synth --shape llama3-8b --tokens 256 --seed 1 -o "$tmp/x.kvf"

@@ -60,7 +60,8 @@ std::string TableSvg(const LlamaModel& m, const std::vector<TableRow>& rows) {
     ymax = std::max(ymax, r.eval.relative_accuracy);
   }
   const double lx0 = std::log(0.9), lx1 = std::log(xmax * 1.15);
-  ymin = std::max(0.0, ymin - 0.02);
+  // The interesting region is near the floor: rows far below it are pinned to the bottom edge.
+  ymin = std::max(0.85, ymin - 0.02);
   ymax += 0.01;
   auto X = [&](double v) { return L + (std::log(v) - lx0) / (lx1 - lx0) * (W - L - R); };
   auto Y = [&](double v) { return T + (ymax - v) / (ymax - ymin) * (H - T - B); };
@@ -99,7 +100,12 @@ std::string TableSvg(const LlamaModel& m, const std::vector<TableRow>& rows) {
   s += "<text x=\"18\" y=\"" + Fmt("%.0f", (T + H - B) / 2) + "\" transform=\"rotate(-90 18 " +
        Fmt("%.0f", (T + H - B) / 2) + ")\" text-anchor=\"middle\">relative accuracy</text>\n";
   for (const auto& r : rows) {
-    const double x = X(r.eval.ratio), y = Y(r.eval.relative_accuracy);
+    const bool below = r.eval.relative_accuracy < ymin;
+    const double x = X(r.eval.ratio), y = Y(below ? ymin : r.eval.relative_accuracy);
+    if (below) {
+      s += "<text x=\"" + Fmt("%.1f", x + 6) + "\" y=\"" + Fmt("%.1f", y + 12) + "\" fill=\"#888\">(" +
+           Fmt("%.2f", r.eval.relative_accuracy) + ", below the plot)</text>\n";
+    }
     const bool published = r.named.name.find('+') == std::string::npos && r.named.name.rfind("q", 0) != 0 &&
                            r.named.name.rfind("snapkv40", 0) != 0;
     s += "<circle cx=\"" + Fmt("%.1f", x) + "\" cy=\"" + Fmt("%.1f", y) + "\" r=\"4\" fill=\"" +

@@ -15,7 +15,7 @@ struct CodecMeasurement {
   double encode_gbps = 0, decode_gbps = 0;
   double ratio = 0;            // input bytes (fp16 if the input is fp16) / frame bytes
   uint64_t frame_bytes = 0;
-  double snr_db_k = 0, snr_db_v = 0;
+  double snr_db_k = 0, snr_db_v = 0;  // over the kept tokens, for strategies that select tokens
 };
 
 struct BenchOptions {

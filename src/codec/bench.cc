@@ -54,7 +54,18 @@ Result<CodecMeasurement> MeasureCodec(const KvBlock& block, std::string_view spe
   m.decode_gbps = gb / MedianOf(dec);
   m.frame_bytes = frame.size();
   m.ratio = double(block.bytes()) / double(frame.size());
-  KV_ASSIGN_OR_RETURN(KvCompareResult c, CompareKv(block, out));
+  // After token selection the error is measured over the kept tokens.
+  KvBlock kept;
+  const KvBlock* ref = &block;
+  if (!out.positions().empty()) {
+    KV_ASSIGN_OR_RETURN(kept, KvBlock::Create(out.shape(), block.dtype()));
+    const size_t row = size_t(block.shape().head_dim) * DTypeSize(block.dtype());
+    for (uint64_t sl = 0; sl < block.shape().n_slab(); ++sl)
+      for (uint32_t j = 0; j < out.shape().n_token; ++j)
+        std::memcpy(kept.slab_at(sl) + j * row, block.slab_at(sl) + (out.positions()[j] - block.token_offset()) * row, row);
+    ref = &kept;
+  }
+  KV_ASSIGN_OR_RETURN(KvCompareResult c, CompareKv(*ref, out));
   m.snr_db_k = c.k.snr_db;
   m.snr_db_v = c.v.snr_db;
   return m;
