@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "codec/frame_test_util.h"
 #include "kvserve/codec.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
@@ -101,8 +102,7 @@ TEST(Pipeline, UnknownStrategyIsAClearError) {
 TEST(CastStage, MalformedPayloadIsRejected) {
   KvBlock in = SynthesizeKv(KvShape{1, 1, 8, 8}, {}).value();
   ByteBuffer f = EncodeKv(in, "cast").value();
-  f.resize(f.size() - 8 - 2);  // drop the checksum and one element, then re-checksum
-  ASSERT_TRUE(FinishFrame(&f, 0).ok());
+  f = testing::Shortened(f, 2);  // one element short
   KvBlock out;
   Status st = DecodeKv(f, &out);
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
@@ -115,24 +115,14 @@ TEST(ZstdStage, MalformedPayloadIsRejected) {
   const size_t payload = ParseFrame(good).value().header.header_len();
   KvBlock out;
   // A stored size that disagrees with the zstd frame.
-  ByteBuffer f = good;
-  f[payload] ^= 1;
-  f.resize(f.size() - 8);
-  ASSERT_TRUE(FinishFrame(&f, 0).ok());
+  ByteBuffer f = testing::Rechecksummed(good, [&](ByteBuffer& b) { b[payload] ^= 1; });
   EXPECT_EQ(DecodeKv(f, &out).code(), StatusCode::kCorrupt);
   // A stored size beyond the decode limit.
-  f = good;
   const uint64_t huge = uint64_t{1} << 50;
-  std::memcpy(f.data() + payload, &huge, 8);
-  f.resize(f.size() - 8);
-  ASSERT_TRUE(FinishFrame(&f, 0).ok());
+  f = testing::Rechecksummed(good, [&](ByteBuffer& b) { std::memcpy(b.data() + payload, &huge, 8); });
   EXPECT_EQ(DecodeKv(f, &out).code(), StatusCode::kOutOfRange);
   // Garbage inside the zstd stream.
-  f = good;
-  f[payload + 20] ^= 0xff;
-  f[payload + 21] ^= 0xff;
-  f.resize(f.size() - 8);
-  ASSERT_TRUE(FinishFrame(&f, 0).ok());
+  f = testing::Rechecksummed(good, [&](ByteBuffer& b) { b[payload + 20] ^= 0xff, b[payload + 21] ^= 0xff; });
   EXPECT_FALSE(DecodeKv(f, &out).ok());
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "codec/frame_test_util.h"
 #include "kvserve/codec.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
@@ -51,10 +52,7 @@ class RansCorruption : public ::testing::Test {
   }
   // Changes a payload byte and re-checksums, so only the stage's own checks can catch it.
   Status DecodeWith(size_t payload_offset, uint8_t xor_mask) {
-    ByteBuffer f = frame_;
-    f[payload_at_ + payload_offset] ^= xor_mask;
-    f.resize(f.size() - 8);
-    EXPECT_TRUE(FinishFrame(&f, 0).ok());
+    ByteBuffer f = testing::Rechecksummed(frame_, [&](ByteBuffer& b) { b[payload_at_ + payload_offset] ^= xor_mask; });
     KvBlock out;
     return DecodeKv(f, &out);
   }
@@ -82,8 +80,7 @@ TEST_F(RansCorruption, TableStreamAndHeaderErrorsAreClear) {
 TEST_F(RansCorruption, TruncatedPayloadIsRejected) {
   const auto payload = Payload(frame_);
   for (size_t cut : {size_t(3), size_t(40), payload.size() / 2, payload.size() - 1}) {
-    ByteBuffer f(frame_.begin(), frame_.begin() + payload_at_ + cut);
-    ASSERT_TRUE(FinishFrame(&f, 0).ok());
+    ByteBuffer f = testing::Shortened(frame_, Payload(frame_).size() - cut);
     KvBlock out;
     Status st = DecodeKv(f, &out);
     EXPECT_EQ(st.code(), StatusCode::kCorrupt) << cut << ": " << st.ToString();
