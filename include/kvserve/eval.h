@@ -78,7 +78,12 @@ struct NamedStrategy {
   std::string spec;
   std::string note;  // how it relates to the published method, where it differs
 };
-std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t prompt_len);
+// `lowrank_basis`: id of a fitted basis for this model (0 leaves the lowrank rows out).
+std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t prompt_len, uint64_t lowrank_basis = 0);
+
+// Fits `lowrank` bases on the prompt KV of a calibration set (its own seed, so that the
+// evaluation set is not the training set) and saves them in CalibrationDir(). Returns the id.
+Result<uint64_t> CalibrateLowRank(const LlamaModel& model, uint32_t n_contexts = 16, uint64_t seed = 1000);
 
 // DuoAttention-style retrieval score per (layer, KV head): the share of attention that the last
 // `window` prompt positions put outside the first `sink` tokens and their own last `recent`

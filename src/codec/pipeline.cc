@@ -134,13 +134,17 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
 namespace {
 Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
                       const std::vector<const StageInfo*>& infos, KvBlock* out, const CodecOptions& opts) {
-  const std::vector<KvShape> shapes = LevelShapes(stages, v.header.shape);
-  // Everything below the selecting stage works on the kept tokens: the decoded shape.
-  const KvShape& shape = shapes.back();
-  if (v.header.has_positions != (shape.n_token != v.header.shape.n_token) ||
-      v.header.positions.size() != (v.header.has_positions ? shape.n_token : 0)) {
+  // Decoding inverts every stage except token selection: level k decodes to the shape that
+  // entered stage k, with the kept token count.
+  std::vector<KvShape> shapes = LevelShapes(stages, v.header.shape);
+  const uint32_t kept_tokens = shapes.back().n_token;
+  const KvShape stored = shapes.back();
+  for (KvShape& sh : shapes) sh.n_token = kept_tokens;
+  const KvShape& shape = shapes.front();
+  if (v.header.has_positions != (kept_tokens != v.header.shape.n_token) ||
+      v.header.positions.size() != (v.header.has_positions ? kept_tokens : 0)) {
     return Status::Corrupt("frame keeps " + std::to_string(v.header.positions.size()) + " token positions, strategy '" +
-                           v.header.spec + "' keeps " + std::to_string(shape.n_token));
+                           v.header.spec + "' keeps " + std::to_string(kept_tokens));
   }
   const uint64_t out_bytes = shape.numel() * DTypeSize(v.header.dtype);
   if (out_bytes > opts.max_decoded_bytes) {
@@ -168,11 +172,11 @@ Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
       return Status::Corrupt("raw tensor payload has no valid dtype byte");
     }
     const DType dt = static_cast<DType>(v.payload[0]);
-    if (v.payload.size() != 1 + shape.numel() * DTypeSize(dt)) {
+    if (v.payload.size() != 1 + stored.numel() * DTypeSize(dt)) {
       return Status::Corrupt("raw tensor payload is " + std::to_string(v.payload.size() - 1) + " bytes, expected " +
-                             std::to_string(shape.numel() * DTypeSize(dt)));
+                             std::to_string(stored.numel() * DTypeSize(dt)));
     }
-    KV_RETURN_IF_ERROR(tensors[1].Reset(shape, dt));
+    KV_RETURN_IF_ERROR(tensors[1].Reset(stored, dt));
     std::memcpy(tensors[1].data(), v.payload.data() + 1, tensors[1].bytes());
     in.tensor = &tensors[1];
   } else {
@@ -188,7 +192,7 @@ Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
     if (infos[k]->input == DataKind::kTensor) {
       // A selecting stage does not restore dropped tokens: every tensor level decodes to the kept ones.
       o.tensor = k == 0 ? out : &tensors[k % 2];
-      KV_RETURN_IF_ERROR(o.tensor->Reset(shape, k == 0 ? v.header.dtype : DType::kF32));
+      KV_RETURN_IF_ERROR(o.tensor->Reset(shapes[k], k == 0 ? v.header.dtype : DType::kF32));
     } else {
       o.bytes = &bufs[k % 2];
       o.bytes->clear();

@@ -9,6 +9,7 @@ const std::vector<StageRegistration>& StageRegistry() {
       PruneStageRegistration(),
       RotateStageRegistration(),
       DeltaStageRegistration(),
+      LowRankStageRegistration(),
       CastStageRegistration(),
       QuantStageRegistration(),
       MixHqStageRegistration(),

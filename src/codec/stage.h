@@ -77,6 +77,7 @@ StageRegistration RotateStageRegistration();
 StageRegistration DeltaStageRegistration();
 StageRegistration MixHqStageRegistration();
 StageRegistration PruneStageRegistration();
+StageRegistration LowRankStageRegistration();
 
 const std::vector<StageRegistration>& StageRegistry();
 Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec);

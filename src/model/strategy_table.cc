@@ -2,11 +2,12 @@
 // recompositions, sized to a model's prompt length.
 #include <algorithm>
 
+#include "kvserve/calib.h"
 #include "kvserve/eval.h"
 
 namespace kvserve {
 
-std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t prompt_len) {
+std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t prompt_len, uint64_t lowrank_basis) {
   // KIVI keeps the last 128 tokens in fp16 on multi-thousand-token prompts; here prompts are
   // 192-384 tokens, so the window is scaled to about a sixth of the prompt (multiple of 16).
   const uint32_t residual = std::max<uint32_t>(16, std::min<uint32_t>(128, prompt_len / 6 / 16 * 16));
@@ -57,8 +58,31 @@ std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t pro
       {"rotate+q3+rans", "rotate|" + q(3, 3, "channel", 64) + "|rans", ""},
       {"delta+q3+rans", "delta(anchor=16)|" + q(3, 3, "channel", 64) + "|rans", ""},
   };
-  (void)config;
+  if (lowrank_basis) {
+    const std::string id = std::to_string(lowrank_basis);
+    for (uint32_t r : {config.head_dim() / 2, config.head_dim() * 3 / 4}) {
+      t.push_back({"lowrank" + std::to_string(r) + "+q4+rans",
+                   "lowrank(rank=" + std::to_string(r) + ",basis=" + id + ")|" + q(4, 4, "channel", 64) + "|rans",
+                   "PCA basis per head fitted on a separate calibration set (seed 1000, 16 contexts)"});
+    }
+  }
   return t;
+}
+
+}  // namespace kvserve
+
+namespace kvserve {
+
+Result<uint64_t> CalibrateLowRank(const LlamaModel& model, uint32_t n_contexts, uint64_t seed) {
+  EvalOptions o;
+  o.n_contexts = n_contexts;
+  o.seed = seed;
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, Evaluator::Create(model, o));
+  std::vector<const KvBlock*> samples;
+  for (uint32_t i = 0; i < ev->eval_set().contexts.size(); ++i) samples.push_back(&ev->prompt_kv(i));
+  KV_ASSIGN_OR_RETURN(LowRankBasis b, FitLowRankBasis(samples));
+  KV_RETURN_IF_ERROR(SaveLowRankBasis(b).status());
+  return b.id;
 }
 
 }  // namespace kvserve

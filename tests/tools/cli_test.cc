@@ -42,7 +42,7 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, HelpForEveryCommand) {
   for (const char* c : {"--help", "info --help", "kv synth --help", "kv capture --help", "codec encode --help",
                         "codec decode --help", "codec compare --help", "codec bench --help", "generate --help",
-                        "eval --help", "model info --help", "model heads --help"}) {
+                        "eval --help", "model info --help", "model heads --help", "calib lowrank --help"}) {
     CliRun r = Cli(c);
     EXPECT_EQ(r.code, 0) << c << "\n" << r.out;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << c;

@@ -1,0 +1,234 @@
+// lowrank(rank, basis): projects every K and V vector of a head onto the first `rank` principal
+// directions of that (layer, K/V, head), fitted offline on calibration KV (PCA, Eigen) and
+// stored as an artefact that both sides hold, named in the spec by its id. The output tensor has
+// head_dim = rank; decoding maps back (x = mean + c B_r^T). With rank = head_dim it is lossless
+// up to float error.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <Eigen/Dense>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "codec/stage.h"
+#include "kvserve/calib.h"
+#include "kvserve/frame.h"
+
+namespace kvserve {
+
+namespace {
+constexpr char kMagic[8] = {'K', 'V', 'L', 'R', 'B', 'A', 'S', '1'};
+
+ByteBuffer Serialize(const LowRankBasis& b) {
+  ByteBuffer out(kMagic, kMagic + 8);
+  auto put = [&](const void* p, size_t n) { out.insert(out.end(), (const uint8_t*)p, (const uint8_t*)p + n); };
+  put(&b.n_layer, 4), put(&b.n_head_kv, 4), put(&b.head_dim, 4);
+  put(b.mean.data(), b.mean.size() * 4);
+  put(b.basis.data(), b.basis.size() * 4);
+  return out;
+}
+}  // namespace
+
+std::string CalibrationDir() {
+  if (const char* env = std::getenv("KVSERVE_CALIB"); env && *env) return env;
+  return std::string(KVSERVE_SOURCE_DIR) + "/.kvserve-cache/calib";
+}
+
+Result<LowRankBasis> FitLowRankBasis(const std::vector<const KvBlock*>& samples) {
+  if (samples.empty()) return Status::InvalidArgument("lowrank calibration needs at least one KV block");
+  const KvShape& s0 = samples[0]->shape();
+  LowRankBasis b;
+  b.n_layer = s0.n_layer, b.n_head_kv = s0.n_head_kv, b.head_dim = s0.head_dim;
+  const uint32_t D = s0.head_dim;
+  b.mean.assign(b.n_slab() * D, 0.0f);
+  b.basis.assign(b.n_slab() * D * D, 0.0f);
+  for (const KvBlock* k : samples) {
+    if (k->shape().n_layer != s0.n_layer || k->shape().n_head_kv != s0.n_head_kv || k->shape().head_dim != D) {
+      return Status::InvalidArgument("calibration blocks differ in shape: " + k->shape().ToString() + " vs " + s0.ToString());
+    }
+  }
+  std::vector<float> row(D);
+  for (uint64_t sl = 0; sl < b.n_slab(); ++sl) {
+    Eigen::VectorXd sum = Eigen::VectorXd::Zero(D);
+    Eigen::MatrixXd outer = Eigen::MatrixXd::Zero(D, D);
+    double n = 0;
+    for (const KvBlock* k : samples) {
+      for (uint32_t t = 0; t < k->shape().n_token; ++t) {
+        ConvertToF32(k->dtype(), k->slab_at(sl) + size_t(t) * D * DTypeSize(k->dtype()), row.data(), D);
+        Eigen::VectorXd x = Eigen::Map<Eigen::VectorXf>(row.data(), D).cast<double>();
+        sum += x;
+        outer.noalias() += x * x.transpose();
+        n += 1;
+      }
+    }
+    if (n < 2) return Status::InvalidArgument("lowrank calibration needs at least two tokens");
+    const Eigen::VectorXd mean = sum / n;
+    const Eigen::MatrixXd cov = outer / n - mean * mean.transpose();
+    Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(cov);
+    for (uint32_t d = 0; d < D; ++d) {
+      b.mean[sl * D + d] = float(mean[d]);
+      for (uint32_t j = 0; j < D; ++j) {
+        b.basis[(sl * D + d) * D + j] = float(es.eigenvectors()(d, D - 1 - j));  // decreasing variance
+      }
+    }
+  }
+  const ByteBuffer bytes = Serialize(b);
+  b.id = XXH3_64bits(bytes.data(), bytes.size()) & ((uint64_t{1} << 52) - 1);
+  return b;
+}
+
+Result<std::string> SaveLowRankBasis(const LowRankBasis& b, const std::string& dir) {
+  const std::string path = dir + "/lowrank-" + std::to_string(b.id) + ".bin";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError("cannot create '" + dir + "': " + ec.message());
+  const ByteBuffer bytes = Serialize(b);
+  KV_RETURN_IF_ERROR(WriteFileAtomic(path, bytes));
+  return path;
+}
+
+Result<std::shared_ptr<const LowRankBasis>> LoadLowRankBasis(uint64_t id, const std::string& dir) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const LowRankBasis>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find({dir, id});
+  if (it != cache.end()) return it->second;
+  const std::string path = dir + "/lowrank-" + std::to_string(id) + ".bin";
+  auto data = ReadFile(path);
+  if (!data.ok()) {
+    return Status::NotFound("lowrank basis " + std::to_string(id) + " is not in " + dir +
+                            " (fit it with `kvserve calib lowrank`, or set KVSERVE_CALIB)");
+  }
+  const ByteBuffer& d = data.value();
+  auto b = std::make_shared<LowRankBasis>();
+  if (d.size() < 20 || std::memcmp(d.data(), kMagic, 8) != 0) return Status::Corrupt("'" + path + "' is not a lowrank basis");
+  std::memcpy(&b->n_layer, d.data() + 8, 4);
+  std::memcpy(&b->n_head_kv, d.data() + 12, 4);
+  std::memcpy(&b->head_dim, d.data() + 16, 4);
+  const uint64_t D = b->head_dim, want = 20 + 4 * (b->n_slab() * D + b->n_slab() * D * D);
+  if (D == 0 || D > 65536 || b->n_layer > 4096 || b->n_head_kv > 4096 || d.size() != want) {
+    return Status::Corrupt("'" + path + "' has the wrong size for its shape");
+  }
+  b->mean.resize(b->n_slab() * D);
+  b->basis.resize(b->n_slab() * D * D);
+  std::memcpy(b->mean.data(), d.data() + 20, b->mean.size() * 4);
+  std::memcpy(b->basis.data(), d.data() + 20 + b->mean.size() * 4, b->basis.size() * 4);
+  if ((XXH3_64bits(d.data(), d.size()) & ((uint64_t{1} << 52) - 1)) != id) {
+    return Status::Corrupt("'" + path + "' does not match its id (checksum mismatch)");
+  }
+  b->id = id;
+  cache[{dir, id}] = b;
+  return std::shared_ptr<const LowRankBasis>(b);
+}
+
+namespace {
+
+class LowRankStage final : public Stage {
+ public:
+  LowRankStage(uint32_t rank, uint64_t id, bool has_id) : rank_(rank), id_(id), has_id_(has_id) {}
+
+  KvShape OutputShape(const KvShape& in) const override {
+    KvShape out = in;
+    out.head_dim = std::min(rank_, in.head_dim);
+    return out;
+  }
+
+  Result<std::shared_ptr<const LowRankBasis>> Basis(const KvShape& s) const {
+    if (!has_id_) return Status::InvalidArgument("lowrank needs basis=<id> of one calibrated basis (kvserve calib lowrank)");
+    KV_ASSIGN_OR_RETURN(std::shared_ptr<const LowRankBasis> b, LoadLowRankBasis(id_));
+    if (b->n_layer != s.n_layer || b->n_head_kv != s.n_head_kv || b->head_dim != s.head_dim) {
+      return Status::InvalidArgument("lowrank basis " + std::to_string(id_) + " is for " + std::to_string(b->n_layer) +
+                                     " layers x " + std::to_string(b->n_head_kv) + " heads x " +
+                                     std::to_string(b->head_dim) + " dims, not " + s.ToString());
+    }
+    return b;
+  }
+
+  Status Encode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
+    const KvBlock& t = *in.tensor;
+    const KvShape& s = t.shape();
+    if (rank_ > s.head_dim) {
+      return Status::InvalidArgument("lowrank rank=" + std::to_string(rank_) + " exceeds head_dim " + std::to_string(s.head_dim));
+    }
+    KV_ASSIGN_OR_RETURN(std::shared_ptr<const LowRankBasis> b, Basis(s));
+    KV_RETURN_IF_ERROR(out.tensor->Reset(OutputShape(s), DType::kF32));
+    out.tensor->set_token_offset(t.token_offset());
+    out.tensor->set_positions(t.positions());
+    const uint32_t D = s.head_dim, r = rank_;
+    ParallelFor(ctx.threads, s.n_slab(), [&](uint64_t sl) {
+      std::vector<float> x(s.slab_numel());
+      ConvertToF32(t.dtype(), t.slab_at(sl), x.data(), x.size());
+      const float* mean = &b->mean[sl * D];
+      const float* B = &b->basis[sl * D * D];
+      float* c = reinterpret_cast<float*>(out.tensor->slab_at(sl));
+      for (uint32_t tok = 0; tok < s.n_token; ++tok) {
+        const float* xr = &x[size_t(tok) * D];
+        float* cr = c + size_t(tok) * r;
+        for (uint32_t j = 0; j < r; ++j) cr[j] = 0.0f;
+        for (uint32_t d = 0; d < D; ++d) {
+          const float v = xr[d] - mean[d];
+          for (uint32_t j = 0; j < r; ++j) cr[j] += v * B[size_t(d) * D + j];
+        }
+      }
+    });
+    return Status::Ok();
+  }
+
+  Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
+    const KvBlock& t = *in.tensor;
+    const KvShape& s = out.tensor->shape();
+    const uint32_t D = s.head_dim, r = rank_;
+    if (t.shape().head_dim != r || t.shape().n_token != s.n_token) {
+      return Status::Corrupt("lowrank input " + t.shape().ToString() + " does not match rank " + std::to_string(r));
+    }
+    KV_ASSIGN_OR_RETURN(std::shared_ptr<const LowRankBasis> b, Basis(s));
+    ParallelFor(ctx.threads, s.n_slab(), [&](uint64_t sl) {
+      std::vector<float> c(t.shape().slab_numel()), x(s.slab_numel());
+      ConvertToF32(t.dtype(), t.slab_at(sl), c.data(), c.size());
+      const float* mean = &b->mean[sl * D];
+      const float* B = &b->basis[sl * D * D];
+      for (uint32_t tok = 0; tok < s.n_token; ++tok) {
+        const float* cr = &c[size_t(tok) * r];
+        float* xr = &x[size_t(tok) * D];
+        for (uint32_t d = 0; d < D; ++d) {
+          float v = mean[d];
+          for (uint32_t j = 0; j < r; ++j) v += cr[j] * B[size_t(d) * D + j];
+          xr[d] = v;
+        }
+      }
+      ConvertFromF32(out.tensor->dtype(), x.data(), out.tensor->slab_at(sl), x.size());
+    });
+    return Status::Ok();
+  }
+
+ private:
+  uint32_t rank_;
+  uint64_t id_;
+  bool has_id_;
+};
+
+}  // namespace
+
+StageRegistration LowRankStageRegistration() {
+  StageInfo info;
+  info.name = "lowrank";
+  info.summary = "project K and V of each head onto its first `rank` principal directions (calibrated basis)";
+  info.input = DataKind::kTensor;
+  info.output = DataKind::kTensor;
+  using T = ParamSpec::Type;
+  info.params = {
+      {"rank", T::kInt, 1, 4096, {}, "4", "kept dimensions per head vector"},
+      {"basis", T::kList, 0, double((uint64_t{1} << 52) - 1), {}, "auto", "id of the calibrated basis (kvserve calib lowrank)"},
+  };
+  return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
+            // A spec without a usable basis still parses; encoding or decoding with it says why it fails.
+            const std::string& id = spec.Get("basis");
+            const bool one = id != "auto" && id.find('.') == std::string::npos;
+            return std::unique_ptr<Stage>(new LowRankStage(uint32_t(spec.GetInt("rank")), one ? std::stoull(id) : 0, one));
+          }};
+}
+
+}  // namespace kvserve
