@@ -2,6 +2,8 @@
 // missing, mismatched or damaged basis is a clear error.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,8 +18,10 @@ namespace {
 class LowRank : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/kvserve_lowrank_test";
-    std::filesystem::remove_all(dir_);
+    // One folder per test process: CTest runs these tests in parallel.
+    dir_ = ::testing::TempDir() + "/kvserve_lowrank_test_" + std::to_string(::getpid());
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
     setenv("KVSERVE_CALIB", dir_.c_str(), 1);
     // Calibration and test tokens from one synthetic "model" (a seed fixes its per-head means).
     KvBlock all = SynthesizeKv(KvShape{2, 2, 390, 16}, {.seed = 50, .dtype = DType::kF32}).value();
@@ -29,7 +33,8 @@ class LowRank : public ::testing::Test {
   }
   void TearDown() override {
     unsetenv("KVSERVE_CALIB");
-    std::filesystem::remove_all(dir_);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
   }
   std::string Spec(uint32_t rank) { return "lowrank(rank=" + std::to_string(rank) + ",basis=" + std::to_string(basis_.id) + ")"; }
   std::string dir_;

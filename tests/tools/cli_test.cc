@@ -1,6 +1,7 @@
 // The CLI as a person uses it: help, the kv/codec round trip, and one clear line per error.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -30,11 +31,16 @@ int Lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n'
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/kvserve_cli_test";
-    std::filesystem::remove_all(dir_);
+    // One folder per test process: CTest runs these tests in parallel.
+    dir_ = ::testing::TempDir() + "/kvserve_cli_test_" + std::to_string(::getpid());
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
     std::filesystem::create_directories(dir_);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
   std::string P(const std::string& f) { return dir_ + "/" + f; }
   std::string dir_;
 };
