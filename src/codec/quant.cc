@@ -1,4 +1,4 @@
-// quant(kbits, vbits, kaxis, vaxis, group, residual): asymmetric uniform min-max quantisation,
+// quant(kbits, vbits, kaxis, vaxis, group, residual, boost_layers, boost_bits): asymmetric uniform min-max quantisation,
 // 1-8 bits, separately for K and V, KIVI-style: K per channel (groups of `group` tokens share a
 // range per channel), V per token (groups of `group` channels share a range per token); the most
 // recent `residual` tokens stay fp16. Group sizes larger than the axis are clamped per frame and
@@ -509,13 +509,17 @@ void DecodeSlab(const uint8_t* src, const PartLayout& p, DType dt, uint8_t* dst,
 
 class QuantStage final : public Stage {
  public:
-  QuantStage(int kbits, int vbits, bool k_channel, bool v_channel, uint32_t group, uint32_t residual)
-      : kbits_(kbits), vbits_(vbits), k_channel_(k_channel), v_channel_(v_channel), group_(group), residual_(residual) {}
+  QuantStage(int kbits, int vbits, bool k_channel, bool v_channel, uint32_t group, uint32_t residual,
+             uint32_t boost_layers, int boost_bits)
+      : kbits_(kbits), vbits_(vbits), k_channel_(k_channel), v_channel_(v_channel), group_(group), residual_(residual),
+        boost_layers_(boost_layers), boost_bits_(boost_bits) {}
 
-  PartLayout Layout(KvPart part, const KvShape& shape) const {
+  // Layout of one slab's part; the first boost_layers layers get boost_bits more (CacheGen gives
+  // shallow layers more bits: their errors propagate through every later layer).
+  PartLayout Layout(KvPart part, const KvShape& shape, uint32_t layer) const {
     PartLayout p;
     const bool k = part == KvPart::kKey;
-    p.bits = k ? kbits_ : vbits_;
+    p.bits = std::min(8, (k ? kbits_ : vbits_) + (layer < boost_layers_ ? boost_bits_ : 0));
     p.channel_axis = k ? k_channel_ : v_channel_;
     p.head_dim = shape.head_dim;
     p.residual = std::min(residual_, shape.n_token);
@@ -523,28 +527,38 @@ class QuantStage final : public Stage {
     p.group = p.channel_axis ? std::max<uint32_t>(1, std::min(group_, p.n_quant)) : std::min(group_, shape.head_dim);
     return p;
   }
+  PartLayout SlabLayout(uint64_t i, const KvShape& shape) const {
+    return Layout((i / shape.n_head_kv) % 2 ? KvPart::kValue : KvPart::kKey, shape, uint32_t(i / (2 * shape.n_head_kv)));
+  }
 
-  // Byte offset of slab i (after the payload header), slabs ordered [layer][K|V][head].
-  static size_t SlabOffset(uint64_t i, const KvShape& shape, size_t k_bytes, size_t v_bytes) {
-    const uint64_t h = shape.n_head_kv;
-    const uint64_t layer = i / (2 * h), part = (i / h) % 2, head = i % h;
-    return layer * h * (k_bytes + v_bytes) + (part ? h * k_bytes + head * v_bytes : head * k_bytes);
+  // Byte offset of every slab (after the payload header), slabs ordered [layer][K|V][head]; the
+  // last entry is the total.
+  std::vector<size_t> SlabOffsets(const KvShape& shape) const {
+    std::vector<size_t> off(shape.n_slab() + 1, 0);
+    for (uint64_t i = 0; i < shape.n_slab(); ++i) off[i + 1] = off[i] + SlabLayout(i, shape).slab_bytes();
+    return off;
+  }
+
+  uint16_t EffectiveBoostLayers(const KvShape& shape) const {
+    return uint16_t(boost_bits_ ? std::min<uint32_t>(boost_layers_, shape.n_layer) : 0);
   }
 
   Status Encode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
     const KvBlock& t = *in.tensor;
     const KvShape& shape = t.shape();
-    const PartLayout kl = Layout(KvPart::kKey, shape), vl = Layout(KvPart::kValue, shape);
-    const size_t kb = kl.slab_bytes(), vb = vl.slab_bytes();
+    const PartLayout kl = Layout(KvPart::kKey, shape, 0), vl = Layout(KvPart::kValue, shape, 0);
+    const std::vector<size_t> off = SlabOffsets(shape);
     const size_t start = out.bytes->size();
-    out.bytes->resize(start + kPayloadHeader + shape.n_layer * shape.n_head_kv * (kb + vb));
+    out.bytes->resize(start + kPayloadHeader + off.back());
     uint8_t* hdr = out.bytes->data() + start;
     hdr[0] = 1;
     hdr[1] = static_cast<uint8_t>(kbits_);
     hdr[2] = static_cast<uint8_t>(vbits_);
     hdr[3] = k_channel_ ? 0 : 1;
     hdr[4] = v_channel_ ? 0 : 1;
-    hdr[5] = hdr[6] = hdr[7] = 0;
+    hdr[5] = static_cast<uint8_t>(boost_bits_);
+    const uint16_t boost = EffectiveBoostLayers(shape);
+    std::memcpy(hdr + 6, &boost, 2);
     std::memcpy(hdr + 8, &kl.group, 4);
     std::memcpy(hdr + 12, &vl.group, 4);
     std::memcpy(hdr + 16, &kl.residual, 4);
@@ -553,8 +567,7 @@ class QuantStage final : public Stage {
     std::vector<Status> errors(shape.n_slab());
     ParallelFor(ctx.threads, shape.n_slab(), [&](uint64_t i) {
       thread_local Scratch scratch;
-      const bool is_v = (i / shape.n_head_kv) % 2;
-      errors[i] = EncodeSlab(t.slab_at(i), t.dtype(), is_v ? vl : kl, body + SlabOffset(i, shape, kb, vb), scratch);
+      errors[i] = EncodeSlab(t.slab_at(i), t.dtype(), SlabLayout(i, shape), body + off[i], scratch);
     });
     for (uint64_t i = 0; i < errors.size(); ++i) {
       if (!errors[i].ok()) {
@@ -567,13 +580,12 @@ class QuantStage final : public Stage {
   }
 
   std::vector<CodeSection> CodeSections(const KvShape& shape) const override {
-    const PartLayout kl = Layout(KvPart::kKey, shape), vl = Layout(KvPart::kValue, shape);
-    const size_t kb = kl.slab_bytes(), vb = vl.slab_bytes();
+    const std::vector<size_t> offs = SlabOffsets(shape);
     std::vector<CodeSection> out;
     for (uint64_t i = 0; i < shape.n_slab(); ++i) {
       const uint64_t part = (i / shape.n_head_kv) % 2, layer = i / (2 * shape.n_head_kv);
-      const PartLayout& p = part ? vl : kl;
-      uint64_t off = kPayloadHeader + SlabOffset(i, shape, kb, vb);
+      const PartLayout p = SlabLayout(i, shape);
+      uint64_t off = kPayloadHeader + offs[i];
       for (uint32_t t0 = 0; t0 < p.n_quant; t0 += p.block_tokens()) {
         const uint32_t bt = std::min(p.block_tokens(), p.n_quant - t0);
         const size_t n8 = (size_t{bt} * p.head_dim + 7) & ~size_t{7};
@@ -587,28 +599,30 @@ class QuantStage final : public Stage {
   Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
     KvBlock& t = *out.tensor;
     const KvShape& shape = t.shape();
-    const PartLayout kl = Layout(KvPart::kKey, shape), vl = Layout(KvPart::kValue, shape);
-    const size_t kb = kl.slab_bytes(), vb = vl.slab_bytes();
-    const size_t want = kPayloadHeader + shape.n_layer * shape.n_head_kv * (kb + vb);
+    const PartLayout kl = Layout(KvPart::kKey, shape, 0), vl = Layout(KvPart::kValue, shape, 0);
+    const std::vector<size_t> off = SlabOffsets(shape);
+    const size_t want = kPayloadHeader + off.back();
     if (in.bytes.size() != want) {
       return Status::Corrupt("quant payload is " + std::to_string(in.bytes.size()) + " bytes, shape " +
                              shape.ToString() + " needs " + std::to_string(want));
     }
     const uint8_t* hdr = in.bytes.data();
     uint32_t kg, vg, res, nt;
+    uint16_t boost;
+    std::memcpy(&boost, hdr + 6, 2);
     std::memcpy(&kg, hdr + 8, 4);
     std::memcpy(&vg, hdr + 12, 4);
     std::memcpy(&res, hdr + 16, 4);
     std::memcpy(&nt, hdr + 20, 4);
     if (hdr[0] != 1 || hdr[1] != kbits_ || hdr[2] != vbits_ || hdr[3] != (k_channel_ ? 0 : 1) ||
-        hdr[4] != (v_channel_ ? 0 : 1) || kg != kl.group || vg != vl.group || res != kl.residual || nt != shape.n_token) {
+        hdr[4] != (v_channel_ ? 0 : 1) || hdr[5] != boost_bits_ || boost != EffectiveBoostLayers(shape) ||
+        kg != kl.group || vg != vl.group || res != kl.residual || nt != shape.n_token) {
       return Status::Corrupt("quant payload header does not match the frame's strategy and shape");
     }
     const uint8_t* body = hdr + kPayloadHeader;
     ParallelFor(ctx.threads, shape.n_slab(), [&](uint64_t i) {
       thread_local Scratch scratch;
-      const bool is_v = (i / shape.n_head_kv) % 2;
-      DecodeSlab(body + SlabOffset(i, shape, kb, vb), is_v ? vl : kl, t.dtype(), t.slab_at(i), scratch);
+      DecodeSlab(body + off[i], SlabLayout(i, shape), t.dtype(), t.slab_at(i), scratch);
     });
     return Status::Ok();
   }
@@ -617,13 +631,16 @@ class QuantStage final : public Stage {
   int kbits_, vbits_;
   bool k_channel_, v_channel_;
   uint32_t group_, residual_;
+  uint32_t boost_layers_;
+  int boost_bits_;
 };
 
 Result<std::unique_ptr<Stage>> MakeQuant(const StageSpec& spec) {
   return std::unique_ptr<Stage>(new QuantStage(
       static_cast<int>(spec.GetInt("kbits")), static_cast<int>(spec.GetInt("vbits")), spec.Get("kaxis") == "channel",
       spec.Get("vaxis") == "channel", static_cast<uint32_t>(spec.GetInt("group")),
-      static_cast<uint32_t>(spec.GetInt("residual"))));
+      static_cast<uint32_t>(spec.GetInt("residual")), static_cast<uint32_t>(spec.GetInt("boost_layers")),
+      static_cast<int>(spec.GetInt("boost_bits"))));
 }
 
 }  // namespace
@@ -643,6 +660,8 @@ StageRegistration QuantStageRegistration() {
       {"vaxis", T::kEnum, 0, 0, {"channel", "token"}, "token", "V ranges, as kaxis"},
       {"group", T::kInt, 1, 65536, {}, "32", "values sharing one range along the grouped axis (clamped to it)"},
       {"residual", T::kInt, 0, 1 << 20, {}, "0", "most recent tokens kept in fp16"},
+      {"boost_layers", T::kInt, 0, 4096, {}, "0", "first layers that get boost_bits more (CacheGen-style)"},
+      {"boost_bits", T::kInt, 0, 7, {}, "1", "extra bits of the boosted layers (capped at 8)"},
   };
   return {info, &MakeQuant};
 }

@@ -26,9 +26,10 @@ std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t pro
       {"kivi4", "quant(kbits=4,vbits=4,kaxis=channel,vaxis=token,group=32,residual=" + r + ")",
        "KIVI: K per channel, V per token, group 32, fp16 window of the last " + r + " tokens"},
       {"kivi2", "quant(kbits=2,vbits=2,kaxis=channel,vaxis=token,group=32,residual=" + r + ")", "KIVI-2, as kivi4"},
-      {"cachegen", "delta(anchor=16)|" + q(4, 4, "channel", 64) + "|rans",
-       "CacheGen-like: anchor/delta per 16 tokens, quantise, arithmetic-code; one bit width for all layers "
-       "(CacheGen's layer-dependent bits are not expressible yet)"},
+      {"cachegen", "delta(anchor=16)|quant(kbits=3,vbits=3,kaxis=channel,vaxis=channel,group=64,boost_layers=" +
+                       std::to_string(std::max<uint32_t>(1, config.n_layer / 3)) + ",boost_bits=1)|rans",
+       "CacheGen-like: anchor/delta per 16 tokens, quantise with one more bit for the first third of the layers, "
+       "arithmetic-code"},
       {"kivi2+rans", "quant(kbits=2,vbits=2,kaxis=channel,vaxis=token,group=32,residual=" + r + ")|rans",
        "KIVI-2 with the entropy coder"},
       {"uniform4+rans", q(4, 4, "token", 32) + "|rans", ""},

@@ -187,6 +187,31 @@ TEST(QuantStage, GroupLargerThanAxisIsClampedAndRecorded) {
   EXPECT_EQ(view.payload.size(), ParseFrame(exact).value().payload.size());
 }
 
+TEST(QuantStage, BoostedLayersGetMoreBits) {
+  KvBlock in = SynthesizeKv(KvShape{4, 2, 64, 16}, {.seed = 13, .dtype = DType::kF32}).value();
+  KvBlock out;
+  ByteBuffer f = EncodeKv(in, "quant(kbits=2,vbits=2,boost_layers=2,boost_bits=3)").value();
+  ASSERT_TRUE(DecodeKv(f, &out).ok());
+  auto layer_err = [&](uint32_t l) {
+    double e = 0;
+    for (uint32_t h = 0; h < 2; ++h)
+      for (uint32_t t = 0; t < 64; ++t)
+        for (uint32_t d = 0; d < 16; ++d) e += std::fabs(in.Get(l, KvPart::kKey, h, t, d) - out.Get(l, KvPart::kKey, h, t, d));
+    return e;
+  };
+  EXPECT_LT(layer_err(0) * 4, layer_err(2));
+  EXPECT_LT(layer_err(1) * 4, layer_err(3));
+  // Sizes: two layers at 5 bits, two at 2, against all at 2 and all at 5.
+  const size_t lo = EncodeKv(in, "quant(kbits=2,vbits=2)").value().size();
+  const size_t hi = EncodeKv(in, "quant(kbits=5,vbits=5)").value().size();
+  EXPECT_GT(f.size(), lo);
+  EXPECT_LT(f.size(), hi);
+  // Per-layer contexts keep one width each, so the entropy coder composes.
+  KvBlock coded;
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "quant(kbits=2,vbits=2,boost_layers=2,boost_bits=3)|rans").value(), &coded).ok());
+  EXPECT_EQ(std::memcmp(coded.data(), out.data(), out.bytes()), 0);
+}
+
 TEST(QuantStage, ThreadCountDoesNotChangeTheBytes) {
   KvBlock in = SynthesizeKv(KvShape{3, 4, 77, 16}, {.seed = 8}).value();
   auto a = EncodeKv(in, "quant(kbits=3,vbits=5,residual=9)", {.threads = 1}).value();

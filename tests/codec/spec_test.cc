@@ -10,17 +10,17 @@ namespace {
 
 TEST(Spec, CanonicalFillsDefaultsInRegistryOrder) {
   EXPECT_EQ(CanonicalStrategy("quant(vbits=2, kbits=3) | zstd").value(),
-            "quant(kbits=3,vbits=2,kaxis=channel,vaxis=token,group=32,residual=0)|zstd(level=3)");
+            "quant(kbits=3,vbits=2,kaxis=channel,vaxis=token,group=32,residual=0,boost_layers=0,boost_bits=1)|zstd(level=3)");
   EXPECT_EQ(CanonicalStrategy("  none ").value(), "none");
   EXPECT_EQ(CanonicalStrategy("cast()").value(), "cast(dtype=f16)");
   EXPECT_EQ(CanonicalStrategy("quant(kbits=+4)").value(),
-            "quant(kbits=4,vbits=4,kaxis=channel,vaxis=token,group=32,residual=0)");
+            "quant(kbits=4,vbits=4,kaxis=channel,vaxis=token,group=32,residual=0,boost_layers=0,boost_bits=1)");
 }
 
 TEST(Spec, IssueExampleParses) {
   auto c = CanonicalStrategy("quant(kbits=2,kaxis=channel,vbits=2,vaxis=token,group=32,residual=64)|zstd(level=3)");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c.value(), "quant(kbits=2,vbits=2,kaxis=channel,vaxis=token,group=32,residual=64)|zstd(level=3)");
+  EXPECT_EQ(c.value(), "quant(kbits=2,vbits=2,kaxis=channel,vaxis=token,group=32,residual=64,boost_layers=0,boost_bits=1)|zstd(level=3)");
 }
 
 void ExpectError(const std::string& spec, const std::string& fragment) {
