@@ -106,8 +106,7 @@ std::string TableSvg(const LlamaModel& m, const std::vector<TableRow>& rows) {
       s += "<text x=\"" + Fmt("%.1f", x + 6) + "\" y=\"" + Fmt("%.1f", y + 12) + "\" fill=\"#888\">(" +
            Fmt("%.2f", r.eval.relative_accuracy) + ", below the plot)</text>\n";
     }
-    const bool published = r.named.name.find('+') == std::string::npos && r.named.name.rfind("q", 0) != 0 &&
-                           r.named.name.rfind("snapkv40", 0) != 0;
+    const bool published = !r.named.recomposition;
     s += "<circle cx=\"" + Fmt("%.1f", x) + "\" cy=\"" + Fmt("%.1f", y) + "\" r=\"4\" fill=\"" +
          (published ? "#36c" : "#e80") + "\"/>\n";
     s += "<text x=\"" + Fmt("%.1f", x + 6) + "\" y=\"" + Fmt("%.1f", y - 5) + "\">" + Escape(r.named.name) + "</text>\n";

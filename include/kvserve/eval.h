@@ -76,7 +76,8 @@ class Evaluator {
 struct NamedStrategy {
   std::string name;
   std::string spec;
-  std::string note;  // how it relates to the published method, where it differs
+  std::string note;            // how it relates to the published method, where it differs
+  bool recomposition = false;  // a new combination, not a baseline or a published method
 };
 // `lowrank_basis`: id of a fitted basis for this model (0 leaves the lowrank rows out).
 std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t prompt_len, uint64_t lowrank_basis = 0);

@@ -31,40 +31,40 @@ std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t pro
        "CacheGen-like: anchor/delta per 16 tokens, quantise with one more bit for the first third of the layers, "
        "arithmetic-code"},
       {"kivi2+rans", "quant(kbits=2,vbits=2,kaxis=channel,vaxis=token,group=32,residual=" + r + ")|rans",
-       "KIVI-2 with the entropy coder"},
-      {"uniform4+rans", q(4, 4, "token", 32) + "|rans", ""},
-      {"q4c128+rans", q(4, 4, "channel", 128) + "|rans", "V ranges per channel over 128 tokens"},
-      {"q4k3v+rans", q(4, 3, "channel", 128) + "|rans", ""},
-      {"q3c128+rans", q(3, 3, "channel", 128) + "|rans", ""},
-      {"q3c64+rans", q(3, 3, "channel", 64) + "|rans", ""},
-      {"q3k2v+rans", q(3, 2, "channel", 64) + "|rans", "more bits for K than V"},
-      {"q2c128+rans", q(2, 2, "channel", 128) + "|rans", ""},
-      {"q2c64+rans", q(2, 2, "channel", 64) + "|rans", ""},
+       "KIVI-2 with the entropy coder", true},
+      {"uniform4+rans", q(4, 4, "token", 32) + "|rans", "", true},
+      {"q4c128+rans", q(4, 4, "channel", 128) + "|rans", "V ranges per channel over 128 tokens", true},
+      {"q4k3v+rans", q(4, 3, "channel", 128) + "|rans", "", true},
+      {"q3c128+rans", q(3, 3, "channel", 128) + "|rans", "", true},
+      {"q3c64+rans", q(3, 3, "channel", 64) + "|rans", "", true},
+      {"q3k2v+rans", q(3, 2, "channel", 64) + "|rans", "more bits for K than V", true},
+      {"q2c128+rans", q(2, 2, "channel", 128) + "|rans", "", true},
+      {"q2c64+rans", q(2, 2, "channel", 64) + "|rans", "", true},
       {"streamingllm", "prune(sink=4,recent=" + std::to_string(prompt_len / 4) + ",keep=0)",
        "StreamingLLM: 4 attention sinks + a recent window of a quarter of the prompt, fp16"},
       {"snapkv", "prune(sink=4,recent=32,keep=0.25,score=attn)",
        "SnapKV/H2O-like: keep the observation window (last 32) and the quarter of the rest that got the most "
        "prefill attention from it (one selection for all heads; SnapKV selects per head)"},
       {"snapkv+q3k2v+rans", "prune(sink=4,recent=32,keep=0.5,score=attn)|" + q(3, 2, "channel", 64) + "|rans",
-       "token selection + quantisation + entropy coding"},
-      {"snapkv+q2c64+rans", "prune(sink=4,recent=32,keep=0.5,score=attn)|" + q(2, 2, "channel", 64) + "|rans", ""},
-      {"snapkv40+q2c128+rans", "prune(sink=4,recent=32,keep=0.4,score=attn)|" + q(2, 2, "channel", 128) + "|rans", ""},
+       "token selection + quantisation + entropy coding", true},
+      {"snapkv+q2c64+rans", "prune(sink=4,recent=32,keep=0.5,score=attn)|" + q(2, 2, "channel", 64) + "|rans", "", true},
+      {"snapkv40+q2c128+rans", "prune(sink=4,recent=32,keep=0.4,score=attn)|" + q(2, 2, "channel", 128) + "|rans", "", true},
       {"mixhq4", "mixhq(kfine=12,vfine=8,kcoarse=6,vcoarse=4,lo_frac=0.8,group=64)|rans",
        "MixHQ with its published limits (K/V 12/8 fine, 6/4 coarse, 80% coarse); fine heads chosen at random "
        "here (see docs/results/mixhq.md for retrieval and sensitivity rankings)"},
       {"mixhq3", "mixhq(kfine=6,vfine=4,kcoarse=3,vcoarse=2,lo_frac=0.8,group=64)|rans", "MixHQ, halved limits"},
       {"mixhq2", "mixhq(kfine=3,vfine=2,kcoarse=2,vcoarse=1,lo_frac=0.8,group=128)|rans", "MixHQ, minimal limits"},
       {"rotate+q4tok+rans", "rotate|quant(kbits=4,vbits=4,kaxis=token,vaxis=token,group=128)|rans",
-       "QuaRot-style: Hadamard, then per-token ranges for both"},
-      {"rotate+q3+rans", "rotate|" + q(3, 3, "channel", 64) + "|rans", ""},
-      {"delta+q3+rans", "delta(anchor=16)|" + q(3, 3, "channel", 64) + "|rans", ""},
+       "QuaRot-style: Hadamard, then per-token ranges for both", true},
+      {"rotate+q3+rans", "rotate|" + q(3, 3, "channel", 64) + "|rans", "", true},
+      {"delta+q3+rans", "delta(anchor=16)|" + q(3, 3, "channel", 64) + "|rans", "", true},
   };
   if (lowrank_basis) {
     const std::string id = std::to_string(lowrank_basis);
     for (uint32_t r : {config.head_dim() / 2, config.head_dim() * 3 / 4}) {
       t.push_back({"lowrank" + std::to_string(r) + "+q4+rans",
                    "lowrank(rank=" + std::to_string(r) + ",basis=" + id + ")|" + q(4, 4, "channel", 64) + "|rans",
-                   "PCA basis per head fitted on a separate calibration set (seed 1000, 16 contexts)"});
+                   "PCA basis per head fitted on a separate calibration set (seed 1000, 16 contexts)", true});
     }
   }
   return t;

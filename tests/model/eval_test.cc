@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
+
+#include "kvserve/codec.h"
 
 #include "kvserve/eval.h"
 #include "model_test_util.h"
@@ -126,6 +129,24 @@ TEST(Evaluator, RejectsImpossibleWindows) {
   auto r = Evaluator::Create(Baby(), o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("greedy_tokens=64"), std::string::npos);
+}
+
+TEST(StrategyTable, HasThePublishedMethodsAndEverySpecParses) {
+  for (const LlamaModel* m : {&Stories(), &Baby()}) {
+    const auto table = StrategyTable(m->config, m->config.seq_len * 3 / 4, 12345);
+    std::set<std::string> names;
+    for (const auto& row : table) {
+      names.insert(row.name);
+      EXPECT_TRUE(ParseStrategy(row.spec).ok()) << row.name << ": " << row.spec;
+    }
+    for (const char* n : {"none", "kivi2", "cachegen", "streamingllm", "snapkv", "uniform8", "uniform4", "uniform3",
+                          "uniform2", "mixhq4", "mixhq3", "mixhq2"})
+      EXPECT_EQ(names.count(n), 1u) << n;
+    EXPECT_EQ(names.size(), table.size());  // names are unique
+    EXPECT_GE(table.size(), 24u);
+    EXPECT_EQ(std::count_if(table.begin(), table.end(), [](const NamedStrategy& r) { return r.name.rfind("lowrank", 0) == 0; }), 2);
+  }
+  EXPECT_EQ(StrategyTable(Stories().config, 384).size() + 2, StrategyTable(Stories().config, 384, 1).size());
 }
 
 TEST(HeadProfile, ScoresEveryKvHeadInRange) {
