@@ -5,8 +5,10 @@
 // limits 12/8 fine, 6/4 coarse, 80% of heads coarse). Which heads are fine is part of the spec —
 // an explicit list (`heads`, indices layer * n_head_kv + head, from any ranking: retrieval
 // score, measured sensitivity) or, with heads=auto, a seeded random choice of (1 - lo_frac) of
-// them — so the levels of every head are known from the frame header alone. Output: symbols
-// (codes of 2m+1 levels, bit-planed), for an entropy coder to follow.
+// them — so the levels of every head are known from the frame header alone. Beyond the published
+// design, two budgets: `boost_layers` makes every head of the first layers fine, `sink` gives the
+// first tokens (attention sinks) fine levels in every head. Output: symbols (codes of 2m+1
+// levels, bit-planed), for an entropy coder to follow.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -33,27 +35,47 @@ struct Params {
   double lo_frac;
   uint64_t seed;
   uint32_t group;
-  std::string heads;  // "auto" or the canonical list
+  std::string heads;       // "auto" or the canonical list
+  uint32_t boost_layers;   // layer budget: every head of the first layers is fine
+  uint32_t sink;           // token budget: the first tokens are quantised finely in every head
+};
+
+// A run of tokens sharing one level limit: a K scale group, or a V packing block.
+struct Block {
+  uint32_t t0, bt;
+  uint8_t m;
 };
 
 struct Layout {
   KvShape shape;
-  uint32_t group = 0;            // effective K token group
-  std::vector<uint8_t> limit;    // m of every slab, [layer][K|V][head]
-  std::vector<uint64_t> offset;  // byte offset of every slab after the header, plus the end
+  uint32_t group = 0;                       // effective K token group
+  std::vector<uint8_t> limit;               // the head's m for every slab, [layer][K|V][head]
+  std::vector<std::vector<Block>> blocks;   // per slab
+  std::vector<uint64_t> offset;             // byte offset of every slab after the header, plus the end
 
-  uint32_t block_tokens(bool v) const { return v ? kVBlock : group; }
-  size_t block_bytes(bool v, uint32_t bt, int m) const {
-    const size_t scales = v ? bt : shape.head_dim;
-    return scales * 2 + quant::PackedBytes(size_t(bt) * shape.head_dim, BitsFor(m));
-  }
-  size_t slab_bytes(bool v, int m) const {
-    size_t total = 0;
-    const uint32_t b = block_tokens(v);
-    for (uint32_t t0 = 0; t0 < shape.n_token; t0 += b) total += block_bytes(v, std::min(b, shape.n_token - t0), m);
-    return total;
+  size_t block_bytes(bool v, const Block& b) const {
+    const size_t scales = v ? b.bt : shape.head_dim;
+    return scales * 2 + quant::PackedBytes(size_t(b.bt) * shape.head_dim, BitsFor(b.m));
   }
 };
+
+// Blocks of one slab: V in runs of kVBlock tokens, the sink tokens in a run of their own; K in
+// scale groups. Blocks that hold sink tokens get the fine limit.
+std::vector<Block> MakeBlocks(bool v, uint32_t n_token, uint32_t group, uint32_t sink, uint8_t m, uint8_t fine_m) {
+  std::vector<Block> out;
+  uint32_t t0 = 0;
+  const uint32_t s = std::min(sink, n_token);
+  if (v && s > 0) {
+    out.push_back({0, s, fine_m});
+    t0 = s;
+  }
+  const uint32_t step = v ? kVBlock : group;
+  for (; t0 < n_token; t0 += step) {
+    const uint32_t bt = std::min(step, n_token - t0);
+    out.push_back({t0, bt, t0 < s ? fine_m : m});
+  }
+  return out;
+}
 
 Result<Layout> MakeLayout(const Params& p, const KvShape& shape) {
   Layout L;
@@ -82,13 +104,19 @@ Result<Layout> MakeLayout(const Params& p, const KvShape& shape) {
       i = j + 1;
     }
   }
+  for (uint32_t h = 0; h < std::min(n_heads, p.boost_layers * shape.n_head_kv); ++h) fine[h] = true;
   L.limit.resize(shape.n_slab());
+  L.blocks.resize(shape.n_slab());
   L.offset.resize(shape.n_slab() + 1, 0);
   for (uint64_t s = 0; s < shape.n_slab(); ++s) {
     const bool v = (s / shape.n_head_kv) % 2;
     const uint32_t head = uint32_t(s / (2 * shape.n_head_kv) * shape.n_head_kv + s % shape.n_head_kv);
-    L.limit[s] = uint8_t(fine[head] ? (v ? p.vfine : p.kfine) : (v ? p.vcoarse : p.kcoarse));
-    L.offset[s + 1] = L.offset[s] + L.slab_bytes(v, L.limit[s]);
+    const uint8_t fine_m = uint8_t(v ? p.vfine : p.kfine);
+    L.limit[s] = fine[head] ? fine_m : uint8_t(v ? p.vcoarse : p.kcoarse);
+    L.blocks[s] = MakeBlocks(v, shape.n_token, L.group, p.sink, L.limit[s], fine_m);
+    uint64_t bytes = 0;
+    for (const Block& b : L.blocks[s]) bytes += L.block_bytes(v, b);
+    L.offset[s + 1] = L.offset[s] + bytes;
   }
   return L;
 }
@@ -113,17 +141,15 @@ class MixHqStage final : public Stage {
     const Layout& L = lay.value();
     for (uint64_t s = 0; s < shape.n_slab(); ++s) {
       const bool v = (s / shape.n_head_kv) % 2;
-      const int m = L.limit[s];
       const uint32_t layer = uint32_t(s / (2 * shape.n_head_kv));
-      const bool fine = m == (v ? p_.vfine : p_.kfine);
       uint64_t off = kHeader + shape.n_slab() + L.offset[s];
-      for (uint32_t t0 = 0; t0 < shape.n_token; t0 += L.block_tokens(v)) {
-        const uint32_t bt = std::min(L.block_tokens(v), shape.n_token - t0);
-        const size_t n8 = (size_t(bt) * shape.head_dim + 7) & ~size_t{7};
-        // Fine and coarse heads differ in bits, so they get separate statistics.
-        out.push_back({off + (v ? bt : shape.head_dim) * 2, uint32_t(n8), uint8_t(BitsFor(m)), shape.head_dim,
+      for (const Block& b : L.blocks[s]) {
+        const size_t n8 = (size_t(b.bt) * shape.head_dim + 7) & ~size_t{7};
+        // Fine and coarse blocks differ in bits, so they get separate statistics.
+        const bool fine = b.m == (v ? p_.vfine : p_.kfine);
+        out.push_back({off + (v ? b.bt : shape.head_dim) * 2, uint32_t(n8), uint8_t(BitsFor(b.m)), shape.head_dim,
                        (layer * 2 + uint32_t(v)) * 2 + uint32_t(fine)});
-        off += L.block_bytes(v, bt, m);
+        off += L.block_bytes(v, b);
       }
     }
     return out;
@@ -147,7 +173,6 @@ class MixHqStage final : public Stage {
     std::vector<Status> errors(sh.n_slab());
     ParallelFor(ctx.threads, sh.n_slab(), [&](uint64_t s) {
       const bool v = (s / sh.n_head_kv) % 2;
-      const int m = L.limit[s];
       std::vector<float> x(sh.slab_numel()), sign(D), scale;
       std::vector<uint16_t> scale_h;
       std::vector<uint8_t> codes;
@@ -159,8 +184,9 @@ class MixHqStage final : public Stage {
         Hadamard(row, D);
       }
       uint8_t* dst = body + L.offset[s];
-      for (uint32_t t0 = 0; t0 < sh.n_token; t0 += L.block_tokens(v)) {
-        const uint32_t bt = std::min(L.block_tokens(v), sh.n_token - t0);
+      for (const Block& blk : L.blocks[s]) {
+        const uint32_t t0 = blk.t0, bt = blk.bt;
+        const int m = blk.m;
         const size_t n = size_t(bt) * D, n8 = (n + 7) & ~size_t{7};
         const float* xb = x.data() + size_t(t0) * D;
         const size_t ns = v ? bt : D;
@@ -188,7 +214,7 @@ class MixHqStage final : public Stage {
           }
         std::memcpy(dst, scale_h.data(), ns * 2);
         quant::PackCodes(codes.data(), n8, BitsFor(m), dst + ns * 2);
-        dst += L.block_bytes(v, bt, m);
+        dst += L.block_bytes(v, blk);
       }
     });
     for (const Status& st : errors) KV_RETURN_IF_ERROR(st);
@@ -217,13 +243,13 @@ class MixHqStage final : public Stage {
     const uint8_t* body = hdr + kHeader + sh.n_slab();
     ParallelFor(ctx.threads, sh.n_slab(), [&](uint64_t s) {
       const bool v = (s / sh.n_head_kv) % 2;
-      const int m = L.limit[s];
       std::vector<float> x(sh.slab_numel()), sign(D), scale;
       std::vector<uint16_t> scale_h;
       std::vector<uint8_t> codes;
       const uint8_t* src = body + L.offset[s];
-      for (uint32_t t0 = 0; t0 < sh.n_token; t0 += L.block_tokens(v)) {
-        const uint32_t bt = std::min(L.block_tokens(v), sh.n_token - t0);
+      for (const Block& blk : L.blocks[s]) {
+        const uint32_t t0 = blk.t0, bt = blk.bt;
+        const int m = blk.m;
         const size_t n = size_t(bt) * D, n8 = (n + 7) & ~size_t{7};
         const size_t ns = v ? bt : D;
         scale_h.resize(ns);
@@ -236,7 +262,7 @@ class MixHqStage final : public Stage {
         for (uint32_t r = 0; r < bt; ++r)
           for (uint32_t d = 0; d < D; ++d)
             xb[size_t(r) * D + d] = float(int(codes[size_t(r) * D + d]) - m) * scale[v ? r : d];
-        src += L.block_bytes(v, bt, m);
+        src += L.block_bytes(v, blk);
       }
       Signs(p_.seed, s, D, sign.data());
       for (uint32_t tok = 0; tok < sh.n_token; ++tok) {
@@ -271,11 +297,14 @@ StageRegistration MixHqStageRegistration() {
       {"heads", T::kList, 0, 1 << 20, {}, "auto", "fine heads, layer * n_head_kv + head, joined by '.'"},
       {"group", T::kInt, 1, 65536, {}, "32", "tokens sharing a K scale per channel"},
       {"seed", T::kInt, 0, 1e9, {}, "1", "seed of the rotation signs and of heads=auto"},
+      {"boost_layers", T::kInt, 0, 4096, {}, "0", "layer budget: every head of the first layers is fine"},
+      {"sink", T::kInt, 0, 1 << 20, {}, "0", "token budget: the first tokens get fine levels in every head"},
   };
   return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
             Params p{int(spec.GetInt("kfine")), int(spec.GetInt("vfine")), int(spec.GetInt("kcoarse")),
                      int(spec.GetInt("vcoarse")), spec.GetFloat("lo_frac"), uint64_t(spec.GetInt("seed")),
-                     uint32_t(spec.GetInt("group")), spec.Get("heads")};
+                     uint32_t(spec.GetInt("group")), spec.Get("heads"), uint32_t(spec.GetInt("boost_layers")),
+                     uint32_t(spec.GetInt("sink"))};
             return std::unique_ptr<Stage>(new MixHqStage(std::move(p)));
           }};
 }

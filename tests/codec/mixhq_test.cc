@@ -85,6 +85,31 @@ TEST(MixHq, LoFracChoosesThatShareAtRandomAndLevelsAreRecorded) {
   EXPECT_EQ(fine_k, 5);
 }
 
+TEST(MixHq, LayerAndTokenBudgets) {
+  KvBlock in = SynthesizeKv(kShape, {.seed = 12, .dtype = DType::kF32}).value();
+  // boost_layers=1: both heads of layer 0 are fine even with every other head coarse.
+  ByteBuffer f = EncodeKv(in, "mixhq(lo_frac=1,boost_layers=1)").value();
+  const uint8_t* m = ParseFrame(f).value().payload.data() + 12;
+  EXPECT_EQ(std::vector<uint8_t>(m, m + 8), (std::vector<uint8_t>{12, 12, 8, 8, 6, 6, 4, 4}));
+  // sink=16: in coarse heads the first 16 tokens decode as finely as in fine heads.
+  KvBlock plain, sunk;
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "mixhq(lo_frac=1,kcoarse=2,vcoarse=2,group=16)").value(), &plain).ok());
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "mixhq(lo_frac=1,kcoarse=2,vcoarse=2,group=16,sink=16)").value(), &sunk).ok());
+  auto err = [&](const KvBlock& out, uint32_t t0, uint32_t t1) {
+    double e = 0;
+    for (KvPart p : {KvPart::kKey, KvPart::kValue})
+      for (uint32_t t = t0; t < t1; ++t)
+        for (uint32_t d = 0; d < 16; ++d) e += std::fabs(in.Get(1, p, 0, t, d) - out.Get(1, p, 0, t, d));
+    return e;
+  };
+  EXPECT_LT(err(sunk, 0, 16) * 3, err(plain, 0, 16));
+  EXPECT_NEAR(err(sunk, 32, 70), err(plain, 32, 70), 1e-3 * err(plain, 32, 70));  // the rest is untouched
+  // The budgets compose with the entropy coder (fine and coarse blocks keep separate tables).
+  KvBlock coded;
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "mixhq(lo_frac=1,kcoarse=2,vcoarse=2,group=16,sink=16)|rans").value(), &coded).ok());
+  EXPECT_EQ(std::memcmp(coded.data(), sunk.data(), sunk.bytes()), 0);
+}
+
 TEST(MixHq, ComposesWithRansLosslessly) {
   KvBlock in = SynthesizeKv(kShape, {.seed = 9}).value();
   for (const char* spec : {"mixhq", "mixhq(heads=0.3,kfine=100,vfine=60)", "mixhq(lo_frac=0.5,group=7)"}) {
