@@ -89,7 +89,6 @@ class Pipeline {
   ~Pipeline();
 
   const std::string& spec() const { return canonical_; }
-  DataKind output_kind() const;
 
   // Encodes `block` into one self-describing frame (see frame.h); `frame` is overwritten.
   Status Encode(const KvBlock& block, ByteBuffer* frame, const CodecOptions& opts = {}) const;

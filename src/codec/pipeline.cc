@@ -39,11 +39,6 @@ Result<Pipeline> Pipeline::Create(std::string_view text) {
   return p;
 }
 
-DataKind Pipeline::output_kind() const {
-  if (stages_.empty()) return DataKind::kTensor;
-  return infos_.back()->output;
-}
-
 namespace {
 // Shape of the tensor entering each stage, and (last entry) of what the pipeline decodes to.
 std::vector<KvShape> LevelShapes(const std::vector<Stage*>& stages, const KvShape& input) {
