@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
-  libzstd-dev libxxhash-dev libeigen3-dev nlohmann-json3-dev libcli11-dev nettle-dev
+  libzstd-dev libxxhash-dev libeigen3-dev libnlopt-cxx-dev nlohmann-json3-dev libcli11-dev nettle-dev
   clang libclang-rt-14-dev
   gnuplot-nox
 )

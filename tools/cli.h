@@ -37,5 +37,7 @@ class Progress {
 
 void AddCodecCommands(CLI::App& app);
 void AddModelCommands(CLI::App& app);
+void AddProfileCommands(CLI::App& app);
+void AddControlCommands(CLI::App& app);
 
 }  // namespace kvserve::cli

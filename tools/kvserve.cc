@@ -84,5 +84,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("kvserve ") + KVSERVE_VERSION);
   kvserve::cli::AddCodecCommands(app);
   kvserve::cli::AddModelCommands(app);
+  kvserve::cli::AddProfileCommands(app);
+  kvserve::cli::AddControlCommands(app);
   return kvserve::cli::Run(app, argc, argv);
 }

@@ -1,0 +1,212 @@
+// The service-aware online controller: an interpretable latency model, a bandwidth estimator, the
+// per-request decision (filters by quality floor, bandwidth threshold, cooldown and SLO), online
+// correction (moving-average residual, cooldown, discounted Thompson-sampling bandit) and the
+// trace-driven simulator that compares policies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kvserve/profile.h"
+#include "kvserve/status.h"
+
+namespace kvserve {
+
+// ---- Latency model (docs/CONTROLLER.md) -----------------------------------------------------------
+// Units: bytes, bytes per second, seconds. A strategy s has ratio r, encode and decode speeds
+// Se, Sd (of the fp16 input); its serial codec speed is S = 1 / (1/Se + 1/Sd).
+struct StrategyCost {
+  std::string spec;  // "none" for no compression
+  std::string name;  // short form for explanations (registry defaults left out)
+  double quality = 1, ratio = 1;
+  double encode_Bps = 0, decode_Bps = 0;  // 0 for none: no codec work
+  bool none() const { return ratio <= 1.0 && encode_Bps == 0; }
+};
+
+struct LatencyModel {
+  // T0 = V / B (model time is added by the caller; it is the same for every strategy).
+  static double Uncompressed(double bytes, double bandwidth_Bps);
+  // Sequential: V/Se + V/(r B) + V/Sd.
+  static double Sequential(const StrategyCost& s, double bytes, double bandwidth_Bps);
+  // Layer-streamed over n_layer chunks: max(V/Se, V/(r B), V/Sd) + one layer's encode + decode.
+  static double Pipelined(const StrategyCost& s, double bytes, double bandwidth_Bps, uint32_t n_layer);
+  // Bandwidth below which compression pays: sequential B* = (1 - 1/r) S; pipelined
+  // B* = min(L (1 - 1/r) S, 1 / (1/min(Se, Sd) + (1/Se + 1/Sd)/L)). 0 for none and r <= 1.
+  static double BreakEvenSequential(const StrategyCost& s);
+  static double BreakEvenPipelined(const StrategyCost& s, uint32_t n_layer);
+};
+
+// ---- Bandwidth estimator ----------------------------------------------------------------------------
+struct BandwidthEstimatorOptions {
+  double alpha = 0.3;           // EWMA weight of a new sample
+  double outlier_factor = 3.0;  // a sample this far (ratio) from the estimate is suspect
+  double step_agree = 0.35;     // two suspect samples within this relative distance: a step
+  double idle_seconds = 2.0;    // older estimates lose confidence; ask for a probe after this
+};
+
+class BandwidthEstimator {
+ public:
+  explicit BandwidthEstimator(BandwidthEstimatorOptions o = {}) : o_(o) {}
+  // A completed transfer (or a probe) of `bytes` taking `seconds`, finished at `now`.
+  void AddSample(double bytes, double seconds, double now);
+  void AddThroughput(double bytes_per_second, double now);
+  bool has_estimate() const { return n_ > 0; }
+  double estimate() const { return estimate_; }  // bytes per second
+  // In [0, 1]: grows with agreeing samples, shrinks with their spread and with idle time.
+  double Confidence(double now) const;
+  bool NeedsProbe(double now) const { return n_ == 0 || now - last_time_ > o_.idle_seconds; }
+
+ private:
+  BandwidthEstimatorOptions o_;
+  double estimate_ = 0, dev_ = 0, last_time_ = 0;
+  double suspect_ = 0;  // a pending suspect sample (0: none)
+  uint32_t n_ = 0;
+};
+
+// ---- Decision -----------------------------------------------------------------------------------------
+struct Request {
+  uint64_t id = 0;
+  std::string label = "chat";
+  double kv_bytes = 0;      // fp16 KV to move
+  uint32_t prompt_tokens = 0;
+  double slo_seconds = 1;   // budget for the transfer path (model time excluded unless included below)
+  double floor = 0.97;      // minimum relative accuracy
+  double model_seconds = 0; // prefill time before the KV exists, common to every strategy
+};
+
+// When each shared resource is next free, relative to the request's arrival (seconds >= 0): a
+// choice is predicted through the queue it joins, so it also accounts for work queued ahead.
+struct QueueState {
+  double encode_wait = 0, link_wait = 0, decode_wait = 0;
+};
+
+enum class DropReason : uint8_t { kKept = 0, kFloor, kNoGain, kCooldown };
+const char* DropReasonName(DropReason r);
+
+struct CandidateNote {
+  uint32_t strategy = 0;
+  DropReason reason = DropReason::kKept;
+  double predicted_seconds = 0;  // kept ones: model + queue + codec + transfer, residual-corrected
+};
+
+struct Decision {
+  uint32_t choice = 0;           // index into the controller's strategies (0 is none)
+  double predicted_seconds = 0;  // of the choice, including model time and queueing
+  bool meets_slo = false;
+  bool explored = false;         // the bandit chose other than the predicted best
+  double bandwidth_Bps = 0, confidence = 0, floor = 0;
+  std::vector<CandidateNote> notes;  // one per strategy
+};
+
+struct ControllerOptions {
+  bool pipelined = false;     // predict with the layer-streamed form
+  uint32_t n_layer = 32;      // chunks of the pipelined form
+  bool moving_average = true; // (a) residual correction per strategy
+  uint32_t ma_window = 8;     // requests averaged (as an EWMA of weight 2/(window+1))
+  uint32_t cooldown_after = 3;     // SLO violations in a row that put a strategy in cooldown
+  uint32_t cooldown_requests = 30; // decisions it then sits out
+  bool bandit = true;         // (b) discounted Thompson sampling among the top-k
+  uint32_t top_k = 3;
+  double discount = 0.9;      // per observation of the arm, of older evidence
+  double prior_sd = 0.1;      // of the log correction of an untried arm
+  double arm_margin = 1.3;    // arms predicted slower than this times the best are not tried
+  uint64_t seed = 1;
+  // Label floors: a request's floor is max(its own, its label's). `retrieval` needs more.
+  std::vector<std::pair<std::string, double>> label_floors = {{"retrieval", 0.99}};
+};
+
+class Controller {
+ public:
+  // `strategies` need not include none: it is added as strategy 0.
+  Controller(std::vector<StrategyCost> strategies, ControllerOptions opts = {});
+  static Result<Controller> FromProfile(const Profile& p, ControllerOptions opts = {});
+
+  const std::vector<StrategyCost>& strategies() const { return s_; }
+  const ControllerOptions& options() const { return o_; }
+  double FloorFor(const Request& r) const;
+
+  // Picks a strategy; `out` is reused across calls (no allocation once sized).
+  void Decide(const Request& r, double bandwidth_Bps, double confidence, const QueueState& q, Decision* out);
+  // Prediction for one strategy, before correction (seconds, including model time and queueing).
+  double Predict(uint32_t strategy, const Request& r, double bandwidth_Bps, const QueueState& q) const;
+  // Reports the observed latency of a decided request (seconds, same span as the prediction).
+  void Observe(const Decision& d, const Request& r, double observed_seconds);
+  // One line a person can read.
+  std::string Explain(const Request& r, const Decision& d) const;
+  bool InCooldown(uint32_t strategy) const { return state_[strategy].cooldown_left > 0; }
+  double Correction(uint32_t strategy) const;  // multiplicative, from the moving average
+
+ private:
+  struct ArmState {
+    double log_residual = 0;  // EWMA of log(observed / predicted)
+    bool has_residual = false;
+    uint32_t violations = 0, cooldown_left = 0;
+    double w = 0, wsum = 0, wsq = 0;  // discounted bandit evidence of log(observed / predicted)
+  };
+  std::vector<StrategyCost> s_;
+  ControllerOptions o_;
+  std::vector<ArmState> state_;
+  uint64_t rng_ = 0;
+  double Uniform();
+  double Normal();
+};
+
+// Short strategy text: parameters at their registry default are left out.
+std::string ShortSpec(std::string_view spec);
+
+// ---- Simulator --------------------------------------------------------------------------------------
+struct TracePoint {
+  double t = 0, gbps = 0;  // link bandwidth from t on (gigabits per second)
+};
+Result<std::vector<TracePoint>> ParseTrace(std::string_view csv, std::string_view origin = "trace");
+Result<std::vector<TracePoint>> LoadTrace(const std::string& path);
+double TraceBandwidthGbps(const std::vector<TracePoint>& trace, double t);
+
+struct WorkloadRequest {
+  double arrival = 0;
+  uint32_t prompt_tokens = 0;
+  std::string label;
+  double slo_ms = 0, floor = 0;
+};
+Result<std::vector<WorkloadRequest>> ParseWorkload(std::string_view csv, std::string_view origin = "workload");
+Result<std::vector<WorkloadRequest>> LoadWorkload(const std::string& path);
+
+struct Drift {
+  double codec_slowdown = 1.0, codec_at = 0;  // codec this much slower than profiled from codec_at
+  double link_slowdown = 1.0, link_at = 0;    // link this much slower than the trace says from link_at
+  bool any() const { return codec_slowdown != 1.0 || link_slowdown != 1.0; }
+  double at() const;
+};
+Result<Drift> ParseDrift(const std::vector<std::string>& specs);  // "codec:1.5@20", "link:2@30"
+
+struct SimOptions {
+  double kv_bytes_per_token = 131072;  // llama3-8b fp16: 32 layers x 2 x 8 heads x 128 x 2 B
+  double prefill_tokens_per_second = 20000;
+  double codec_threads = 1;            // codec speed multiplier (workers per side)
+  Drift drift;
+  ControllerOptions controller;
+  bool explain = false;                // collect one explanation line per request
+};
+
+struct PolicyReport {
+  std::string policy;
+  double mean_ms = 0, p50_ms = 0, p99_ms = 0, slo_attainment = 0;
+  uint32_t floor_violations = 0, requests = 0;
+  int64_t recovery_requests = -1;  // after the drift; -1: no drift or never
+  std::vector<std::pair<std::string, uint32_t>> choices;  // strategy name -> requests
+  std::vector<std::string> explanations;
+  std::vector<double> latencies_ms;
+};
+
+// policy: "adaptive" (MA + cooldown + bandit), "adaptive-ma" (MA + cooldown), "oracle", "none",
+// or "static:SPEC" (SPEC when it meets the request's floor, else none).
+Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies, const std::vector<TracePoint>& trace,
+                              const std::vector<WorkloadRequest>& workload, std::string_view policy,
+                              const SimOptions& opts);
+// The profile's Pareto strategies as controller costs.
+std::vector<StrategyCost> StrategiesFromProfile(const Profile& p);
+
+}  // namespace kvserve

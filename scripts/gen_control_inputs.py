@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Writes the shipped bandwidth traces (bench/traces) and the mixed workload (bench/workloads).
+Deterministic (fixed seeds); the outputs are committed, so running this is only needed to change them."""
+import math
+import os
+import random
+
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+traces = os.path.join(root, "bench", "traces")
+workloads = os.path.join(root, "bench", "workloads")
+os.makedirs(traces, exist_ok=True)
+os.makedirs(workloads, exist_ok=True)
+DURATION = 240
+
+
+def write_trace(name, rows, note):
+    with open(os.path.join(traces, name + ".csv"), "w") as f:
+        f.write(f"# {note}\ntime_s,gbps\n")
+        for t, g in rows:
+            f.write(f"{t:g},{g:.3f}\n")
+
+
+for g in (1, 5, 10, 25, 100):
+    write_trace(f"steady_{g}gbps", [(0, g)], f"steady {g} Gbps")
+write_trace("step", [(0, 25), (120, 3)], "25 Gbps, dropping to 3 Gbps at t=120 s")
+rng = random.Random(7)
+rows, level = [], math.log(10)
+for t in range(0, DURATION + 1):
+    level = min(math.log(50), max(math.log(1), level + rng.gauss(0, 0.25)))
+    rows.append((t, math.exp(level)))
+write_trace("random_walk", rows, "log-space random walk between 1 and 50 Gbps, a step per second (seed 7)")
+rows = []
+for start in range(0, DURATION, 30):
+    rows += [(start, 25), (start + 20, 2)]
+write_trace("congestion", rows, "25 Gbps with a 10 s congestion dip to 2 Gbps every 30 s")
+
+# Mixed workload: Poisson arrivals at 1 request/s, log-normal prompt lengths (median ~2k tokens),
+# three labels with their own floors and SLOs.
+rng = random.Random(11)
+t, lines = 0.0, []
+labels = [("chat", 0.6, 0.97, 1.0), ("retrieval", 0.2, 0.99, 1.5), ("summarize", 0.2, 0.96, 2.0)]
+while len(lines) < 200:
+    t += rng.expovariate(1.0)
+    tokens = int(min(16384, max(256, rng.lognormvariate(math.log(2048), 0.6))))
+    u, acc = rng.random(), 0.0
+    for name, share, floor, slack in labels:
+        acc += share
+        if u <= acc:
+            break
+    # SLO: prefill (20k tok/s) plus a transfer budget of 0.12 ms per token times the label's slack.
+    slo = tokens / 20.0 + 100 + 0.12 * tokens * slack
+    lines.append(f"{t:.3f},{tokens},{name},{slo:.0f},{floor}")
+with open(os.path.join(workloads, "mixed.csv"), "w") as f:
+    f.write("# 200 requests, Poisson 1/s; labels chat (floor 0.97), retrieval (0.99), summarize (0.96)\n")
+    f.write("arrival_s,prompt_tokens,label,slo_ms,floor\n")
+    f.write("\n".join(lines) + "\n")

@@ -1,0 +1,202 @@
+// The profile file: a versioned JSON record of one profiling run (model, space, every candidate's
+// cheap objectives, the evaluation log) and the Pareto strategies the online controller reads.
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kvserve/frame.h"
+#include "kvserve/profile.h"
+
+namespace kvserve {
+namespace {
+
+using json = nlohmann::json;
+
+Status FieldError(std::string_view origin, const std::string& field, const std::string& what) {
+  return Status::InvalidArgument(std::string(origin) + ": " + field + ": " + what);
+}
+
+// Typed field access without exceptions.
+template <typename T>
+Status Get(std::string_view origin, const json& obj, const std::string& where, const char* key, T* out,
+           bool required = true) {
+  if (!obj.is_object() || !obj.contains(key)) {
+    if (!required) return Status::Ok();
+    return FieldError(origin, where + key, "missing");
+  }
+  const json& v = obj[key];
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return FieldError(origin, where + key, "want a string; got " + v.dump());
+    *out = v.get<std::string>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) return FieldError(origin, where + key, "want a number; got " + v.dump());
+    *out = v.get<double>();
+  } else {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) return FieldError(origin, where + key, "want a non-negative integer; got " + v.dump());
+    *out = T(v.get<uint64_t>());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* QualityBucket(double q) {
+  if (q < 0.96) return "[0,0.96)";
+  if (q < 0.99) return "[0.96,0.99)";
+  return "[0.99,1]";
+}
+
+std::string MachineDescription() {
+  std::string cpu = "unknown cpu";
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto p = line.find(':');
+      if (p != std::string::npos) cpu = line.substr(p + 2);
+      break;
+    }
+  }
+  return cpu + ", " + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores";
+}
+
+void ComputeProfileFrontier(Profile* p) {
+  p->reference = ReferencePoint(p->floor);
+  std::vector<Objectives> pts;
+  std::vector<const BoObservation*> src;
+  for (const BoObservation& o : p->log) {
+    // Below the floor is infeasible; ratio <= 1 is no compression, which every controller has.
+    if (o.candidate >= p->candidates.size() || o.quality < p->floor) continue;
+    if (p->candidates[o.candidate].ratio <= p->reference.ratio) continue;
+    pts.push_back(CandidateObjectives(p->candidates[o.candidate], o.quality));
+    src.push_back(&o);
+  }
+  p->hypervolume = Hypervolume3D(pts, p->reference);
+  p->pareto.clear();
+  for (uint32_t i : ParetoFront(pts)) {
+    const BoObservation& o = *src[i];
+    const BoCandidate& c = p->candidates[o.candidate];
+    p->pareto.push_back({c.spec, o.quality, o.quality_se, o.kl, c.ratio, c.encode_gbps, c.decode_gbps, QualityBucket(o.quality)});
+  }
+  std::sort(p->pareto.begin(), p->pareto.end(), [](const ProfileEntry& a, const ProfileEntry& b) {
+    if (a.bucket != b.bucket) return a.quality > b.quality;
+    return a.ratio > b.ratio;
+  });
+}
+
+std::string ProfileToJson(const Profile& p) {
+  json j;
+  j["version"] = p.version;
+  j["model"] = p.model;
+  j["model_sha256"] = p.model_sha256;
+  j["eval_seed"] = p.eval_seed;
+  j["machine"] = p.machine;
+  j["mode"] = p.mode;
+  j["budget"] = p.budget;
+  j["seed"] = p.seed;
+  j["floor"] = p.floor;
+  j["reference_point"] = {{"quality", p.reference.quality}, {"ratio", p.reference.ratio}, {"speed_gbps", p.reference.speed}};
+  j["hypervolume"] = p.hypervolume;
+  json space = json::parse(p.space_json.empty() ? "null" : p.space_json, nullptr, false);
+  j["space"] = space.is_discarded() ? json(nullptr) : space;
+  j["pareto"] = json::array();
+  for (const ProfileEntry& e : p.pareto)
+    j["pareto"].push_back({{"spec", e.spec}, {"quality", e.quality}, {"quality_se", e.quality_se}, {"kl", e.kl},
+                           {"ratio", e.ratio}, {"encode_gbps", e.encode_gbps}, {"decode_gbps", e.decode_gbps},
+                           {"bucket", e.bucket}});
+  j["candidates"] = json::array();
+  for (const BoCandidate& c : p.candidates)
+    j["candidates"].push_back({{"spec", c.spec}, {"ratio", c.ratio}, {"encode_gbps", c.encode_gbps}, {"decode_gbps", c.decode_gbps}});
+  j["log"] = json::array();
+  for (const BoObservation& o : p.log)
+    j["log"].push_back({{"candidate", o.candidate}, {"spec", o.candidate < p.candidates.size() ? p.candidates[o.candidate].spec : ""},
+                        {"quality", o.quality}, {"quality_se", o.quality_se}, {"kl", o.kl},
+                        {"acquisition", o.acquisition}, {"seconds", o.seconds}});
+  return j.dump(1) + "\n";
+}
+
+Result<Profile> ProfileFromJson(std::string_view text, std::string_view origin, std::string_view expect_sha256) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return FieldError(origin, "file", "not a JSON object");
+  Profile p;
+  int64_t version = 0;
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "version", &version));
+  if (version != kProfileVersion)
+    return FieldError(origin, "version", "format version " + std::to_string(version) + " is not supported (this kvserve reads " +
+                                             std::to_string(kProfileVersion) + ")");
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "model_sha256", &p.model_sha256));
+  if (!expect_sha256.empty() && p.model_sha256 != expect_sha256)
+    return FieldError(origin, "model_sha256", "profile is for model " + p.model_sha256.substr(0, 16) + "…, not " +
+                                                  std::string(expect_sha256.substr(0, 16)) + "… (profile this model)");
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "model", &p.model, false));
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "eval_seed", &p.eval_seed, false));
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "machine", &p.machine, false));
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "mode", &p.mode, false));
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "budget", &p.budget, false));
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "seed", &p.seed, false));
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "floor", &p.floor, false));
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "hypervolume", &p.hypervolume, false));
+  if (j.contains("space") && !j["space"].is_null()) p.space_json = j["space"].dump();
+  p.reference = ReferencePoint(p.floor);
+  if (!j.contains("pareto") || !j["pareto"].is_array()) return FieldError(origin, "pareto", "missing or not a list");
+  for (size_t i = 0; i < j["pareto"].size(); ++i) {
+    const json& e = j["pareto"][i];
+    const std::string w = "pareto[" + std::to_string(i) + "].";
+    ProfileEntry pe;
+    KV_RETURN_IF_ERROR(Get(origin, e, w, "spec", &pe.spec));
+    KV_RETURN_IF_ERROR(Get(origin, e, w, "quality", &pe.quality));
+    KV_RETURN_IF_ERROR(Get(origin, e, w, "ratio", &pe.ratio));
+    KV_RETURN_IF_ERROR(Get(origin, e, w, "encode_gbps", &pe.encode_gbps));
+    KV_RETURN_IF_ERROR(Get(origin, e, w, "decode_gbps", &pe.decode_gbps));
+    KV_RETURN_IF_ERROR(Get(origin, e, w, "quality_se", &pe.quality_se, false));
+    KV_RETURN_IF_ERROR(Get(origin, e, w, "kl", &pe.kl, false));
+    if (!(pe.ratio >= 1.0) || !(pe.encode_gbps > 0) || !(pe.decode_gbps > 0) || !(pe.quality >= 0))
+      return FieldError(origin, w + "ratio", "ratio must be >= 1 and speeds > 0 (got ratio " + std::to_string(pe.ratio) + ")");
+    pe.bucket = QualityBucket(pe.quality);
+    p.pareto.push_back(std::move(pe));
+  }
+  if (j.contains("candidates") && j["candidates"].is_array()) {
+    for (size_t i = 0; i < j["candidates"].size(); ++i) {
+      const json& e = j["candidates"][i];
+      const std::string w = "candidates[" + std::to_string(i) + "].";
+      BoCandidate c;
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "spec", &c.spec));
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "ratio", &c.ratio));
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "encode_gbps", &c.encode_gbps));
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "decode_gbps", &c.decode_gbps));
+      p.candidates.push_back(std::move(c));
+    }
+  }
+  if (j.contains("log") && j["log"].is_array()) {
+    for (size_t i = 0; i < j["log"].size(); ++i) {
+      const json& e = j["log"][i];
+      const std::string w = "log[" + std::to_string(i) + "].";
+      BoObservation o;
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "candidate", &o.candidate));
+      if (o.candidate >= p.candidates.size())
+        return FieldError(origin, w + "candidate", std::to_string(o.candidate) + " is not one of the " +
+                                                       std::to_string(p.candidates.size()) + " candidates");
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "quality", &o.quality));
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "quality_se", &o.quality_se, false));
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "kl", &o.kl, false));
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "acquisition", &o.acquisition, false));
+      KV_RETURN_IF_ERROR(Get(origin, e, w, "seconds", &o.seconds, false));
+      p.log.push_back(o);
+    }
+  }
+  return p;
+}
+
+Result<Profile> LoadProfile(const std::string& path, std::string_view expect_sha256) {
+  KV_ASSIGN_OR_RETURN(ByteBuffer bytes, ReadFile(path));
+  return ProfileFromJson(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path, expect_sha256);
+}
+
+Status SaveProfile(const std::string& path, const Profile& p) {
+  const std::string text = ProfileToJson(p);
+  return WriteFileAtomic(path, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
+}  // namespace kvserve

@@ -1,0 +1,179 @@
+// Decisions on constructed profiles: every filter reason, the SLO fallback, explanations, and
+// online correction (moving average, cooldown, bandit) after a drift.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kvserve/controller.h"
+
+namespace kvserve {
+namespace {
+
+// Three strategies: high quality/low ratio, mid, and a low-quality high ratio one.
+std::vector<StrategyCost> Strategies() {
+  return {{"quant(kbits=8,vbits=8)", "q8", 0.999, 1.9, 4e9, 8e9},
+          {"quant(kbits=4,vbits=4)", "q4", 0.985, 3.2, 4e9, 8e9},
+          {"quant(kbits=2,vbits=2)", "q2", 0.965, 5.3, 4e9, 8e9}};
+}
+
+Request Req(double floor = 0.95, double slo = 10) {
+  Request r;
+  r.kv_bytes = 1e9;
+  r.prompt_tokens = 8000;
+  r.floor = floor;
+  r.slo_seconds = slo;
+  return r;
+}
+
+ControllerOptions NoBandit() {
+  ControllerOptions o;
+  o.bandit = false;
+  return o;
+}
+
+DropReason ReasonOf(const Decision& d, const Controller& c, const std::string& name) {
+  for (const CandidateNote& n : d.notes)
+    if (c.strategies()[n.strategy].name == name) return n.reason;
+  ADD_FAILURE() << name;
+  return DropReason::kKept;
+}
+
+TEST(Controller, NoneIsAlwaysACandidate) {
+  Controller c(Strategies(), NoBandit());
+  ASSERT_EQ(c.strategies().size(), 4u);
+  EXPECT_EQ(c.strategies()[0].spec, "none");
+  Decision d;
+  c.Decide(Req(1.0), 1e9, 1, {}, &d);  // floor 1.0: nothing but none qualifies
+  EXPECT_EQ(d.choice, 0u);
+  EXPECT_EQ(d.notes[0].reason, DropReason::kKept);
+}
+
+TEST(Controller, FloorFilter) {
+  Controller c(Strategies(), NoBandit());
+  Decision d;
+  c.Decide(Req(0.98), 0.1e9, 1, {}, &d);  // slow link: the highest ratio would win, but floor 0.98
+  EXPECT_EQ(ReasonOf(d, c, "q2"), DropReason::kFloor);
+  EXPECT_EQ(ReasonOf(d, c, "q4"), DropReason::kKept);
+  EXPECT_EQ(c.strategies()[d.choice].name, "q4");
+  c.Decide(Req(0.95), 0.1e9, 1, {}, &d);
+  EXPECT_EQ(c.strategies()[d.choice].name, "q2");
+  // A label can raise the floor: retrieval needs 0.99.
+  Request r = Req(0.95);
+  r.label = "retrieval";
+  c.Decide(r, 0.1e9, 1, {}, &d);
+  EXPECT_EQ(c.strategies()[d.choice].name, "q8");
+  EXPECT_DOUBLE_EQ(d.floor, 0.99);
+}
+
+TEST(Controller, BandwidthAboveBreakEvenIsDropped) {
+  Controller c(Strategies(), NoBandit());
+  // q2: S = 1/(1/4 + 1/8) GB/s = 2.667 GB/s; B* = (1 - 1/5.3) * 2.667 = 2.16 GB/s.
+  const double bstar = LatencyModel::BreakEvenSequential(c.strategies()[3]);
+  EXPECT_NEAR(bstar, (1 - 1 / 5.3) * 8e9 / 3, 1e3);
+  Decision d;
+  c.Decide(Req(), bstar * 1.01, 1, {}, &d);
+  EXPECT_EQ(ReasonOf(d, c, "q2"), DropReason::kNoGain);
+  c.Decide(Req(), bstar * 0.99, 1, {}, &d);
+  EXPECT_EQ(ReasonOf(d, c, "q2"), DropReason::kKept);
+  c.Decide(Req(), 100e9, 1, {}, &d);
+  EXPECT_EQ(d.choice, 0u);
+  EXPECT_NE(c.Explain(Req(), d).find("no-gain (B ≥ B*)"), std::string::npos) << c.Explain(Req(), d);
+}
+
+TEST(Controller, RepeatedSloViolationsPutAStrategyInCooldown) {
+  ControllerOptions o = NoBandit();
+  o.cooldown_after = 3;
+  o.cooldown_requests = 5;
+  Controller c(Strategies(), o);
+  Decision d;
+  const Request r = Req(0.95, 1.0);
+  c.Decide(r, 1e9, 1, {}, &d);
+  ASSERT_EQ(c.strategies()[d.choice].name, "q2");
+  ASSERT_TRUE(d.meets_slo);
+  for (int i = 0; i < 3; ++i) c.Observe(d, r, 5.0);  // far slower than predicted, past the SLO
+  EXPECT_TRUE(c.InCooldown(d.choice));
+  Decision d2;
+  c.Decide(r, 1e9, 1, {}, &d2);
+  EXPECT_EQ(ReasonOf(d2, c, "q2"), DropReason::kCooldown);
+  EXPECT_NE(c.strategies()[d2.choice].name, "q2");
+  for (int i = 0; i < 5; ++i) c.Decide(r, 1e9, 1, {}, &d2);
+  EXPECT_FALSE(c.InCooldown(3));
+}
+
+TEST(Controller, NothingMeetsTheSloChoosesTheFastestAndSaysSo) {
+  Controller c(Strategies(), NoBandit());
+  Decision d;
+  const Request r = Req(0.95, 0.01);  // 10 ms for 1 GB: impossible
+  c.Decide(r, 0.1e9, 1, {}, &d);
+  EXPECT_FALSE(d.meets_slo);
+  EXPECT_EQ(c.strategies()[d.choice].name, "q2");  // still the fastest that meets the floor
+  const std::string why = c.Explain(r, d);
+  EXPECT_NE(why.find("no strategy meets the SLO"), std::string::npos) << why;
+  EXPECT_NE(why.find("B≈0.80 Gbps"), std::string::npos) << why;
+  EXPECT_NE(why.find("chose q2"), std::string::npos) << why;
+}
+
+TEST(Controller, QueuedWorkIsPartOfThePrediction) {
+  Controller c(Strategies(), NoBandit());
+  const Request r = Req();
+  const double idle = c.Predict(3, r, 1e9, {});
+  EXPECT_NEAR(c.Predict(3, r, 1e9, {0, 5.0, 0}), 5.0 + 1e9 / (5.3 * 1e9) + 1e9 / 8e9, 1e-9);  // waits for the link
+  EXPECT_NEAR(c.Predict(3, r, 1e9, {2.0, 0, 0}), idle + 2.0, 1e-9);
+  EXPECT_NEAR(c.Predict(0, r, 1e9, {9, 0.5, 9}), 1.5, 1e-9);  // none uses only the link
+}
+
+TEST(Controller, MovingAverageCorrectsADriftedStrategy) {
+  Controller c(Strategies(), NoBandit());
+  const Request r = Req();
+  Decision d;
+  c.Decide(r, 0.5e9, 1, {}, &d);
+  const uint32_t first = d.choice;
+  ASSERT_EQ(c.strategies()[first].name, "q2");
+  // q2 becomes 3x slower than predicted (codec contention): after a few observations the
+  // controller moves to another strategy.
+  int switched_after = -1;
+  for (int i = 0; i < 20 && switched_after < 0; ++i) {
+    c.Observe(d, r, d.predicted_seconds / c.Correction(first) * 3);
+    c.Decide(r, 0.5e9, 1, {}, &d);
+    if (d.choice != first) switched_after = i + 1;
+  }
+  EXPECT_GT(switched_after, 0);
+  EXPECT_LE(switched_after, 5);
+  EXPECT_GT(c.Correction(first), 2.0);
+}
+
+// A strategy that the profile underrates (it is really 2x faster) is never tried by the
+// moving-average controller; the bandit tries it and moves over.
+TEST(Controller, BanditFindsAnUnderratedStrategyThatTheMovingAverageNeverTries) {
+  std::vector<StrategyCost> s = {{"a", "fast-on-paper", 0.99, 4.0, 4e9, 8e9}, {"b", "underrated", 0.99, 3.6, 4e9, 8e9}};
+  auto truth = [&](const Controller& c, uint32_t i, const Request& r) {
+    const double p = c.Predict(i, r, 0.5e9, {});
+    return c.strategies()[i].name == "underrated" ? 0.5 * p : p;
+  };
+  for (bool bandit : {false, true}) {
+    ControllerOptions o;
+    o.bandit = bandit;
+    o.seed = 3;
+    Controller c(s, o);
+    const Request r = Req();
+    Decision d;
+    int underrated_last20 = 0;
+    for (int i = 0; i < 100; ++i) {
+      c.Decide(r, 0.5e9, 1, {}, &d);
+      c.Observe(d, r, truth(c, d.choice, r));
+      if (i >= 80 && c.strategies()[d.choice].name == "underrated") ++underrated_last20;
+    }
+    if (bandit) EXPECT_GE(underrated_last20, 16);
+    else EXPECT_EQ(underrated_last20, 0);
+  }
+}
+
+TEST(Controller, ShortSpecLeavesOutDefaults) {
+  EXPECT_EQ(ShortSpec("quant(kbits=2,vbits=4,kaxis=channel,vaxis=token,group=32,residual=0,boost_layers=0,boost_bits=1)|rans"),
+            "quant(kbits=2)|rans");
+  EXPECT_EQ(ShortSpec("none"), "none");
+  EXPECT_EQ(ShortSpec("prune(keep=0.25)|quant"), "prune(keep=0.25)|quant");
+}
+
+}  // namespace
+}  // namespace kvserve
