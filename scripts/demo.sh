@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job end to end on embedded defaults: a real model writes text and its KV cache is
 # scored under two strategies; then a llama3-8b-shaped KV block is synthesized, encoded, decoded,
-# and the strategy table printed against memcpy and zstd.
+# and the strategy table printed against memcpy and zstd; then a short Bayesian profile of
+# stories260K, and the online controller replaying a bandwidth step over a request stream.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh > /dev/null
@@ -24,3 +25,9 @@ $kv codec compare "$tmp/x.kvf" "$tmp/z.kvf"
 echo
 echo "== strategy table on a 1024-token llama3-8b block (128 MiB fp16), single thread"
 $kv codec bench --runs 5
+echo
+echo "== Bayesian profiling of stories260K: 12 quality evaluations over the built-in space (~200 strategies)"
+$kv profile run -m stories260K --budget 12 --speed-runs 1 --speed-tokens 64 -o "$tmp/profile.json"
+echo
+echo "== the controller on a 25 -> 3 Gbps step, shipped babyllama105 profile, codec 1.5x slower from t=100 s"
+$kv control simulate --trace bench/traces/step.csv --policy all --drift codec:1.5@100

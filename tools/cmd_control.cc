@@ -113,11 +113,11 @@ void AddControlCommands(CLI::App& app) {
       }
       std::printf("trace %s, %zu requests, %zu profile strategies%s\n\n", trace->c_str(), wl.size(), strategies.size(),
                   sim->drift.any() ? ", with drift" : "");
-      std::printf("%-40s %9s %9s %9s %6s %6s %8s\n", "policy", "mean ms", "p50 ms", "p99 ms", "SLO", "floor!", "recovery");
+      std::printf("%-64s %9s %9s %9s %6s %6s %8s\n", "policy", "mean ms", "p50 ms", "p99 ms", "SLO", "floor!", "recovery");
       for (const PolicyReport& r : reps) {
         std::string name = r.policy.rfind("static:", 0) == 0 ? "static:" + ShortSpec(r.policy.substr(7)) : r.policy;
-        if (name.size() > 40) name = name.substr(0, 39) + "…";
-        std::printf("%-40s %9.1f %9.1f %9.1f %5.1f%% %6u %8s\n", name.c_str(), r.mean_ms, r.p50_ms, r.p99_ms,
+        if (name.size() > 64) name = name.substr(0, 63) + "…";
+        std::printf("%-64s %9.1f %9.1f %9.1f %5.1f%% %6u %8s\n", name.c_str(), r.mean_ms, r.p50_ms, r.p99_ms,
                     100 * r.slo_attainment, r.floor_violations,
                     r.recovery_requests >= 0 ? std::to_string(r.recovery_requests).c_str() : "-");
       }

@@ -19,7 +19,7 @@ struct RunFlags {
   ModelFlags model;
   EvalFlags eval;
   std::string space_path, out, mode = "ehvi";
-  uint32_t budget = 40, n_init = 5, speed_tokens = 128;
+  uint32_t budget = 40, n_init = 0, speed_tokens = 128;
   int speed_runs = 3;
   double floor = 0.97;
   uint64_t search_seed = 1;
@@ -105,7 +105,7 @@ void AddRunFlags(CLI::App* c, RunFlags* f, bool grid) {
   if (!grid) {
     c->add_option("--mode", f->mode, "acquisition: constrained | ehvi | random")->capture_default_str();
     c->add_option("--budget", f->budget, "quality evaluations")->capture_default_str();
-    c->add_option("--init", f->n_init, "cold-start evaluations, spread over the ratio range")->capture_default_str();
+    c->add_option("--init", f->n_init, "cold-start evaluations (0: 2 for ehvi, 5 for constrained)")->capture_default_str();
     c->add_option("--search-seed", f->search_seed, "seed of the search")->capture_default_str();
   }
   c->add_option("--floor", f->floor, "quality floor (relative accuracy) for feasibility")->capture_default_str();
@@ -289,11 +289,13 @@ void AddProfileCommands(CLI::App& app) {
     auto* methods = new std::string("ehvi,constrained,random");
     auto* svg = new std::string;
     auto* as_json = new bool(false);
+    auto* n_init = new uint32_t(0);
     auto* c = prof->add_subcommand("compare", "BO (ehvi, constrained) and random search against a cached grid");
     c->add_option("--grid", *path, "grid file written by `profile grid`")->required();
     c->add_option("--budget-frac", *fracs, "budgets as fractions of the grid, comma-separated")->capture_default_str();
     c->add_option("--seeds", *seeds, "seeds per method")->capture_default_str();
     c->add_option("--methods", *methods, "comma-separated: ehvi, constrained, random")->capture_default_str();
+    c->add_option("--init", *n_init, "cold-start evaluations of the BO methods (0: 2 for ehvi, 5 for constrained)")->capture_default_str();
     c->add_option("--svg", *svg, "also write hypervolume vs evaluations (SVG)");
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {
@@ -302,6 +304,7 @@ void AddProfileCommands(CLI::App& app) {
       KV_ASSIGN_OR_RETURN(o.budget_fracs, ParseFracs(*fracs));
       if (*seeds == 0) return Status::InvalidArgument("--seeds: must be at least 1");
       o.seeds = *seeds;
+      o.n_init = *n_init;
       o.methods.clear();
       std::stringstream ss(*methods);
       std::string item;

@@ -33,6 +33,11 @@ struct ParamSpec {
   std::vector<std::string> choices;   // kEnum
   std::string default_value;
   std::string help;
+  // How the profiler's GP sees a number (before scaling to [0,1]): quality varies smoothly in
+  // the transformed value. kStep: 2^-x (quantisation step of x bits); kInverse: 1/x (step of
+  // x levels); kLog / kLog1p: for sizes spanning orders of magnitude.
+  enum class Scale : uint8_t { kLinear, kLog, kLog1p, kInverse, kStep };
+  Scale scale = Scale::kLinear;
   std::string RangeText() const;      // "1..8", "channel|token", "0.0..1.0", "auto|i.j.k"
 };
 

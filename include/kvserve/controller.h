@@ -45,6 +45,7 @@ struct BandwidthEstimatorOptions {
   double outlier_factor = 3.0;  // a sample this far (ratio) from the estimate is suspect
   double step_agree = 0.35;     // two suspect samples within this relative distance: a step
   double idle_seconds = 2.0;    // older estimates lose confidence; ask for a probe after this
+  double window_seconds = 30.0; // history for the planning estimate (harmonic mean)
 };
 
 class BandwidthEstimator {
@@ -54,7 +55,11 @@ class BandwidthEstimator {
   void AddSample(double bytes, double seconds, double now);
   void AddThroughput(double bytes_per_second, double now);
   bool has_estimate() const { return n_ > 0; }
-  double estimate() const { return estimate_; }  // bytes per second
+  double estimate() const { return estimate_; }  // bytes per second, the current level
+  // What to plan with: the smaller of the current level and the harmonic mean of the samples of
+  // the last window. Transfer time is 1/B, so under a varying link its expectation follows the
+  // harmonic mean, not the arithmetic one; on a steady link both equal the level.
+  double PlanningEstimate(double now) const;
   // In [0, 1]: grows with agreeing samples, shrinks with their spread and with idle time.
   double Confidence(double now) const;
   bool NeedsProbe(double now) const { return n_ == 0 || now - last_time_ > o_.idle_seconds; }
@@ -64,6 +69,7 @@ class BandwidthEstimator {
   double estimate_ = 0, dev_ = 0, last_time_ = 0;
   double suspect_ = 0;  // a pending suspect sample (0: none)
   uint32_t n_ = 0;
+  std::vector<std::pair<double, double>> history_;  // (time, throughput), oldest first
 };
 
 // ---- Decision -----------------------------------------------------------------------------------------
@@ -112,7 +118,7 @@ struct ControllerOptions {
   uint32_t top_k = 3;
   double discount = 0.9;      // per observation of the arm, of older evidence
   double prior_sd = 0.1;      // of the log correction of an untried arm
-  double arm_margin = 1.3;    // arms predicted slower than this times the best are not tried
+  double arm_margin = 1.15;    // arms predicted slower than this times the best are not tried
   uint64_t seed = 1;
   // Label floors: a request's floor is max(its own, its label's). `retrieval` needs more.
   std::vector<std::pair<std::string, double>> label_floors = {{"retrieval", 0.99}};

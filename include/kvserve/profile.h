@@ -19,7 +19,10 @@ namespace kvserve {
 // Parameters not named keep the registry default. Every expanded strategy is type-checked.
 struct SpaceCandidate {
   std::string spec;              // canonical strategy
-  std::vector<double> features;  // GP encoding: numbers scaled to [0,1], enums one-hot
+  std::vector<double> features;  // GP encoding of its lossy stages: numbers scaled to [0,1], enums one-hot
+  // Candidates that differ only in lossless stages (registry: StageInfo::lossless) decode to the
+  // same KV, so they have the same quality: one evaluation answers the whole group.
+  uint32_t quality_group = 0;
 };
 
 class SearchSpace {
@@ -52,6 +55,15 @@ double Hypervolume3D(const std::vector<Objectives>& points, const Objectives& re
 // quality is N(mean, sd^2), over the set `front` (sd = 0: the plain improvement).
 double ExpectedHypervolumeImprovement(const std::vector<Objectives>& front, const Objectives& ref, double ratio,
                                       double speed, double quality_mean, double quality_sd);
+// The same for several new points that share one uncertain quality given by its survival
+// function P(Q >= t), which is 0 above `quality_max`; integrated numerically (Simpson).
+double ExpectedHypervolumeImprovement(const std::vector<Objectives>& front, const Objectives& ref,
+                                      const std::vector<std::pair<double, double>>& boxes,
+                                      const std::function<double(double)>& survival, double quality_max);
+// The same for several new points that share one uncertain quality: (ratio, speed) each.
+double ExpectedHypervolumeImprovement(const std::vector<Objectives>& front, const Objectives& ref,
+                                      const std::vector<std::pair<double, double>>& boxes, double quality_mean,
+                                      double quality_sd);
 
 // ---- Gaussian process -----------------------------------------------------------------------------
 // Matérn-5/2 kernel with one length scale per input (ARD), a signal variance and a learned noise
@@ -100,6 +112,7 @@ struct BoCandidate {
   std::vector<double> features;
   double ratio = 0;
   double encode_gbps = 0, decode_gbps = 0;
+  int64_t quality_group = -1;  // same group = same quality; -1: a group of its own
   double speed() const;  // harmonic mean of encode and decode GB/s
 };
 
@@ -116,7 +129,9 @@ struct BoOptions {
   uint32_t budget = 40;
   double floor = 0.97;
   uint64_t seed = 1;
-  uint32_t n_init = 5;  // cold-start points, spread over the ratio range
+  // Cold-start evaluations; 0 = the mode's default: 2 for ehvi (a maximin pair over the GP
+  // inputs), 5 for constrained (KVServe: spread over the ratio range).
+  uint32_t n_init = 0;
   // Observations below floor - censor are fitted as floor - censor: the GP need not model how
   // bad an infeasible strategy is, only that it is infeasible.
   double censor = 0.1;
@@ -127,7 +142,11 @@ struct BoOptions {
 // compression), speed 0.
 Objectives ReferencePoint(double floor);
 Objectives CandidateObjectives(const BoCandidate& c, double quality);
-// Hypervolume of the observed candidates (feasible ones count; quality as observed).
+// Every candidate whose quality the log determines (evaluated ones and their quality groups), with
+// that quality; in candidate order.
+std::vector<std::pair<uint32_t, double>> KnownQualities(const std::vector<BoCandidate>& cands,
+                                                        const std::vector<BoObservation>& log);
+// Hypervolume of the known candidates (feasible ones count; quality as observed).
 double ObservedHypervolume(const std::vector<BoCandidate>& cands, const std::vector<BoObservation>& log, double floor);
 
 // The acquisition value of every candidate after `obs` (-inf for observed ones), as the search
@@ -211,7 +230,7 @@ struct CompareOptions {
   std::vector<double> budget_fracs = {0.01, 0.02, 0.05, 0.10};
   uint32_t seeds = 5;
   std::vector<SearchMode> methods = {SearchMode::kEhvi, SearchMode::kConstrained, SearchMode::kRandom};
-  uint32_t n_init = 5;
+  uint32_t n_init = 0;  // 0: each mode's default
 };
 struct CompareResult {
   std::string method;

@@ -220,7 +220,7 @@ StageRegistration LowRankStageRegistration() {
   info.output = DataKind::kTensor;
   using T = ParamSpec::Type;
   info.params = {
-      {"rank", T::kInt, 1, 4096, {}, "4", "kept dimensions per head vector"},
+      {"rank", T::kInt, 1, 4096, {}, "4", "kept dimensions per head vector", ParamSpec::Scale::kLog},
       {"basis", T::kList, 0, double((uint64_t{1} << 52) - 1), {}, "auto", "id of the calibrated basis (kvserve calib lowrank)"},
   };
   return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {

@@ -289,16 +289,16 @@ StageRegistration MixHqStageRegistration() {
   info.output = DataKind::kSymbols;
   using T = ParamSpec::Type;
   info.params = {
-      {"kfine", T::kInt, 1, 127, {}, "12", "K level limit m (levels -m..m) of fine heads"},
-      {"vfine", T::kInt, 1, 127, {}, "8", "V level limit of fine heads"},
-      {"kcoarse", T::kInt, 1, 127, {}, "6", "K level limit of coarse heads"},
-      {"vcoarse", T::kInt, 1, 127, {}, "4", "V level limit of coarse heads"},
+      {"kfine", T::kInt, 1, 127, {}, "12", "K level limit m (levels -m..m) of fine heads", ParamSpec::Scale::kInverse},
+      {"vfine", T::kInt, 1, 127, {}, "8", "V level limit of fine heads", ParamSpec::Scale::kInverse},
+      {"kcoarse", T::kInt, 1, 127, {}, "6", "K level limit of coarse heads", ParamSpec::Scale::kInverse},
+      {"vcoarse", T::kInt, 1, 127, {}, "4", "V level limit of coarse heads", ParamSpec::Scale::kInverse},
       {"lo_frac", T::kFloat, 0, 1, {}, "0.8", "share of coarse heads when heads=auto (chosen at random)"},
       {"heads", T::kList, 0, 1 << 20, {}, "auto", "fine heads, layer * n_head_kv + head, joined by '.'"},
-      {"group", T::kInt, 1, 65536, {}, "32", "tokens sharing a K scale per channel"},
+      {"group", T::kInt, 1, 65536, {}, "32", "tokens sharing a K scale per channel", ParamSpec::Scale::kLog},
       {"seed", T::kInt, 0, 1e9, {}, "1", "seed of the rotation signs and of heads=auto"},
       {"boost_layers", T::kInt, 0, 4096, {}, "0", "layer budget: every head of the first layers is fine"},
-      {"sink", T::kInt, 0, 1 << 20, {}, "0", "token budget: the first tokens get fine levels in every head"},
+      {"sink", T::kInt, 0, 1 << 20, {}, "0", "token budget: the first tokens get fine levels in every head", ParamSpec::Scale::kLog1p},
   };
   return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
             Params p{int(spec.GetInt("kfine")), int(spec.GetInt("vfine")), int(spec.GetInt("kcoarse")),

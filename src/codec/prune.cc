@@ -108,8 +108,8 @@ StageRegistration PruneStageRegistration() {
   info.output = DataKind::kTensor;
   using T = ParamSpec::Type;
   info.params = {
-      {"sink", T::kInt, 0, 1 << 20, {}, "4", "first tokens always kept (attention sinks)"},
-      {"recent", T::kInt, 0, 1 << 20, {}, "64", "last tokens always kept"},
+      {"sink", T::kInt, 0, 1 << 20, {}, "4", "first tokens always kept (attention sinks)", ParamSpec::Scale::kLog1p},
+      {"recent", T::kInt, 0, 1 << 20, {}, "64", "last tokens always kept", ParamSpec::Scale::kLog1p},
       {"keep", T::kFloat, 0, 1, {}, "0.5", "share of the tokens in between that is kept"},
       {"score", T::kEnum, 0, 0, {"attn", "knorm"}, "attn",
        "importance: prefill attention (falls back to knorm when none is given), or small key norm"},

@@ -653,13 +653,13 @@ StageRegistration QuantStageRegistration() {
   info.output = DataKind::kSymbols;
   using T = ParamSpec::Type;
   info.params = {
-      {"kbits", T::kInt, 1, 8, {}, "4", "bits per K value"},
-      {"vbits", T::kInt, 1, 8, {}, "4", "bits per V value"},
+      {"kbits", T::kInt, 1, 8, {}, "4", "bits per K value", ParamSpec::Scale::kStep},
+      {"vbits", T::kInt, 1, 8, {}, "4", "bits per V value", ParamSpec::Scale::kStep},
       {"kaxis", T::kEnum, 0, 0, {"channel", "token"}, "channel",
        "K ranges per channel (over a group of tokens) or per token (over a group of channels)"},
       {"vaxis", T::kEnum, 0, 0, {"channel", "token"}, "token", "V ranges, as kaxis"},
-      {"group", T::kInt, 1, 65536, {}, "32", "values sharing one range along the grouped axis (clamped to it)"},
-      {"residual", T::kInt, 0, 1 << 20, {}, "0", "most recent tokens kept in fp16"},
+      {"group", T::kInt, 1, 65536, {}, "32", "values sharing one range along the grouped axis (clamped to it)", ParamSpec::Scale::kLog},
+      {"residual", T::kInt, 0, 1 << 20, {}, "0", "most recent tokens kept in fp16", ParamSpec::Scale::kLog1p},
       {"boost_layers", T::kInt, 0, 4096, {}, "0", "first layers that get boost_bits more (CacheGen-style)"},
       {"boost_bits", T::kInt, 0, 7, {}, "1", "extra bits of the boosted layers (capped at 8)"},
   };

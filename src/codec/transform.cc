@@ -143,7 +143,7 @@ StageRegistration DeltaStageRegistration() {
   info.summary = "CacheGen-style anchor/delta: tokens become differences to their group's first token";
   info.input = DataKind::kTensor;
   info.output = DataKind::kTensor;
-  info.params = {{"anchor", ParamSpec::Type::kInt, 2, 4096, {}, "16", "tokens per anchor group"}, kPartsParam};
+  info.params = {{"anchor", ParamSpec::Type::kInt, 2, 4096, {}, "16", "tokens per anchor group", ParamSpec::Scale::kLog}, kPartsParam};
   return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
             return std::unique_ptr<Stage>(new DeltaStage(uint32_t(spec.GetInt("anchor")), spec.Get("parts")));
           }};

@@ -125,7 +125,9 @@ void Controller::Decide(const Request& r, double bw, double confidence, const Qu
   d->choice = best;
   d->predicted_seconds = best_t;
 
-  if (o_.bandit && o_.top_k > 1) {
+  // Explore only while the link is idle: under a backlog a worse pick delays every request
+  // queued behind it.
+  if (o_.bandit && o_.top_k > 1 && q.link_wait <= 0) {
     // Top-k kept strategies by corrected prediction, those meeting the SLO first.
     uint32_t top[16];
     uint32_t k = 0;

@@ -14,6 +14,10 @@ void BandwidthEstimator::AddSample(double bytes, double seconds, double now) {
 
 void BandwidthEstimator::AddThroughput(double x, double now) {
   if (!(x > 0) || !std::isfinite(x)) return;
+  history_.push_back({now, x});
+  size_t drop = 0;
+  while (drop < history_.size() && history_[drop].first < now - o_.window_seconds) ++drop;
+  if (drop > 0) history_.erase(history_.begin(), history_.begin() + drop);
   // After an idle period the old level is stale: the first sample restarts the estimate.
   if (n_ == 0 || now - last_time_ > 4 * o_.idle_seconds) {
     estimate_ = x, dev_ = 0, suspect_ = 0, n_ = 1, last_time_ = now;
@@ -35,6 +39,15 @@ void BandwidthEstimator::AddThroughput(double x, double now) {
   estimate_ += o_.alpha * err;
   dev_ = (1 - o_.alpha) * dev_ + o_.alpha * std::fabs(err);
   ++n_;
+}
+
+double BandwidthEstimator::PlanningEstimate(double now) const {
+  double inv = 0;
+  size_t n = 0;
+  for (const auto& [t, x] : history_)
+    if (t >= now - o_.window_seconds) inv += 1 / x, ++n;
+  if (n == 0) return estimate_;
+  return std::min(estimate_, double(n) / inv);
 }
 
 double BandwidthEstimator::Confidence(double now) const {

@@ -74,7 +74,7 @@ struct Resources {
 
 struct Outcome {
   double latency = 0;      // seconds from arrival
-  double link_start = 0, link_end = 0, done = 0;
+  double enc_start = 0, enc_end = 0, link_start = 0, link_end = 0, dec_start = 0, done = 0;
   double link_bytes = 0;
 };
 
@@ -108,6 +108,19 @@ class World {
     }
     return t;
   }
+  // Bytes the link delivers between t0 and t1.
+  double Delivered(double t0, double t1) const {
+    double bytes = 0, t = t0;
+    while (t < t1) {
+      auto it = std::upper_bound(trace_.begin(), trace_.end(), t, [](double v, const TracePoint& p) { return v < p.t; });
+      double next = it != trace_.end() ? it->t : INFINITY;
+      if (o_.drift.link_slowdown != 1.0 && t < o_.drift.link_at) next = std::min(next, o_.drift.link_at);
+      next = std::min(next, t1);
+      bytes += TrueBandwidth(t) * (next - t);
+      t = next;
+    }
+    return bytes;
+  }
   // Runs strategy i for request (arrival, v, model) against `res`; commits if `commit`.
   Outcome Execute(uint32_t i, double arrival, double v, double model, Resources* res, bool commit) const {
     const StrategyCost& s = s_[i];
@@ -115,11 +128,12 @@ class World {
     const double ready = arrival + model;
     Resources r = *res;
     if (s.none()) {
+      out.enc_start = out.enc_end = ready;
       out.link_start = std::max(ready, r.link_free);
       out.link_end = Transfer(out.link_start, v);
       out.link_bytes = v;
       r.link_free = out.link_end;
-      out.done = out.link_end;
+      out.done = out.dec_start = out.link_end;
     } else if (o_.controller.pipelined) {
       const double start = std::max({ready, r.enc_free, r.link_free, r.dec_free});
       const double f = CodecFactor(start);
@@ -128,18 +142,21 @@ class World {
       // Link-bound part follows the trace; codec-bound parts at the (drifted) codec speed.
       const double link_end = Transfer(start + (v / o_.controller.n_layer) / t.encode_Bps, v / s.ratio);
       const double codec_end = start + LatencyModel::Pipelined(t, v, 1e30, o_.controller.n_layer);
-      out.link_start = start;
+      out.enc_start = out.link_start = start;
       out.link_end = link_end;
       out.link_bytes = v / s.ratio;
       out.done = std::max(codec_end, link_end + (v / o_.controller.n_layer) / t.decode_Bps);
+      out.enc_end = out.dec_start = start;  // overlapped: the link span stands for all three
       r.enc_free = r.link_free = r.dec_free = out.done;
     } else {
       const double e_start = std::max(ready, r.enc_free);
       const double e_end = e_start + v / (s.encode_Bps * CodecFactor(e_start));
+      out.enc_start = e_start, out.enc_end = e_end;
       out.link_start = std::max(e_end, r.link_free);
       out.link_end = Transfer(out.link_start, v / s.ratio);
       out.link_bytes = v / s.ratio;
       const double d_start = std::max(out.link_end, r.dec_free);
+      out.dec_start = d_start;
       out.done = d_start + v / (s.decode_Bps * CodecFactor(d_start));
       r.enc_free = e_end, r.link_free = out.link_end, r.dec_free = out.done;
     }
@@ -283,10 +300,13 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
   rep.policy = std::string(policy);
   std::vector<uint32_t> counts(s.size(), 0);
   struct Pending {
-    double link_end, link_seconds, link_bytes, done, latency;
+    Outcome out;
+    uint32_t strategy;
+    bool sampled;  // its completed transfer went to the estimator
     Decision decision;
     Request request;
   };
+  double partial_from = 0;  // start of the next in-progress throughput sample
   std::vector<Pending> pending;
   Decision d;
   uint32_t ok_slo = 0;
@@ -298,15 +318,38 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
     const double now = w.arrival;
     // Feedback from what has completed by now: transfer samples and observed latencies.
     for (auto it = pending.begin(); it != pending.end();) {
-      if (it->link_end <= now && it->link_seconds > 0) {
-        est.AddSample(it->link_bytes, it->link_seconds, it->link_end);
-        it->link_seconds = 0;
+      if (it->out.link_end <= now && !it->sampled) {
+        const double from = std::max(it->out.link_start, std::min(partial_from, it->out.link_end));
+        if (it->out.link_end > from) est.AddSample(world.Delivered(from, it->out.link_end), it->out.link_end - from, it->out.link_end);
+        it->sampled = true;
       }
-      if (it->done <= now) {
-        if (kind == kAdaptive) ctl.Observe(it->decision, it->request, it->latency);
+      if (it->out.done <= now) {
+        if (kind == kAdaptive) ctl.Observe(it->decision, it->request, it->out.latency);
         it = pending.erase(it);
       } else {
         ++it;
+      }
+    }
+    // What the sender sees of the transfer in progress: bytes acknowledged so far.
+    QueueState seen;
+    double link_backlog = 0;
+    for (const Pending& p : pending) {
+      const Outcome& po = p.out;
+      const StrategyCost& ps = s[p.strategy];
+      if (po.link_start <= now && now < po.link_end) {
+        const double from = std::max(po.link_start, partial_from);
+        if (now - from >= 0.01) {
+          est.AddSample(world.Delivered(from, now), now - from, now);
+          partial_from = now;
+        }
+        link_backlog += po.link_bytes - world.Delivered(po.link_start, now);
+      } else if (now < po.link_start) {
+        link_backlog += po.link_bytes;
+      }
+      // Codec backlog: the share of each job not done yet, at the profiled speed.
+      if (!ps.none()) {
+        if (now < po.enc_end) seen.encode_wait += p.request.kv_bytes * (po.enc_end - std::max(now, po.enc_start)) / (po.enc_end - po.enc_start) / ps.encode_Bps;
+        if (now < po.done) seen.decode_wait += p.request.kv_bytes * (po.done - std::max(now, po.dec_start)) / std::max(1e-12, po.done - po.dec_start) / ps.decode_Bps;
       }
     }
     if (est.NeedsProbe(now)) est.AddThroughput(world.TrueBandwidth(now), now);  // a probe measures the link
@@ -320,7 +363,6 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
     r.floor = w.floor;
     r.model_seconds = double(w.prompt_tokens) / o.prefill_tokens_per_second;
     const double floor = ctl.FloorFor(r);
-    QueueState q{std::max(0.0, res.enc_free - now), std::max(0.0, res.link_free - now), std::max(0.0, res.dec_free - now)};
 
     uint32_t choice = 0;
     double best_latency = 0;
@@ -330,20 +372,19 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
       case kStatic: choice = s[static_index].quality >= floor ? static_index : 0; break;
       case kOracle: choice = best; break;
       case kAdaptive: {
-        const double bw = est.has_estimate() ? est.estimate() : world.TrueBandwidth(now);
-        ctl.Decide(r, bw, est.Confidence(now), q, &d);
+        // The controller sees only what a sender can: its bandwidth estimate and the work queued
+        // (bytes not yet sent, codec work not yet done), not the true future of the link.
+        const double bw = est.has_estimate() ? est.PlanningEstimate(now) : world.TrueBandwidth(now);
+        seen.link_wait = link_backlog / bw;
+        seen.decode_wait = std::max(seen.decode_wait, 0.0);
+        ctl.Decide(r, bw, est.Confidence(now), seen, &d);
         choice = d.choice;
         if (opts.explain) rep.explanations.push_back(ctl.Explain(r, d));
         break;
       }
     }
     const Outcome out = world.Execute(choice, now, r.kv_bytes, r.model_seconds, &res, true);
-    if (kind == kAdaptive) {
-      pending.push_back({out.link_end, out.link_end - out.link_start, out.link_bytes, out.done, out.latency, d, r});
-    } else {
-      // The estimator is shared logic; keep it fed for every policy (cheap, no effect on choices).
-      pending.push_back({out.link_end, out.link_end - out.link_start, out.link_bytes, out.done, out.latency, Decision{}, r});
-    }
+    pending.push_back({out, choice, false, kind == kAdaptive ? d : Decision{}, r});
     if (s[choice].quality < floor && choice != 0) rep.floor_violations++;
     rep.latencies_ms.push_back(out.latency * 1e3);
     if (out.latency <= r.slo_seconds) ok_slo++;
@@ -361,10 +402,11 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
   for (uint32_t i = 0; i < s.size(); ++i)
     if (counts[i]) rep.choices.push_back({s[i].name, counts[i]});
   if (kind == kAdaptive && o.drift.any() && !right.empty()) {
-    // Requests after the drift until a run of 5 right choices starts.
-    const size_t run = std::min<size_t>(5, right.size());
+    // Requests after the drift until a window of 10 starts in which at least 8 choices are right
+    // (a bandit keeps exploring now and then, so "every one right" would never hold).
+    const size_t run = std::min<size_t>(10, right.size()), need = (run * 8 + 9) / 10;
     for (size_t k = 0; k + run <= right.size(); ++k) {
-      if (std::all_of(right.begin() + k, right.begin() + k + run, [](char c) { return c; })) {
+      if (size_t(std::count(right.begin() + k, right.begin() + k + run, 1)) >= need) {
         rep.recovery_requests = int64_t(k);
         break;
       }

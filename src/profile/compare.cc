@@ -24,6 +24,7 @@ Result<CompareReport> CompareOnGrid(const Profile& grid, const CompareOptions& o
     if (space.candidates()[i].spec != cands[i].spec)
       return Status::InvalidArgument("grid: candidate " + std::to_string(i) + " differs from its space's expansion");
     cands[i].features = space.candidates()[i].features;
+    cands[i].quality_group = space.candidates()[i].quality_group;
   }
 
   CompareReport rep;

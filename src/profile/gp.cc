@@ -16,6 +16,7 @@ constexpr double kSqrt5 = 2.23606797749979;
 constexpr double kMinLogLength = -3.5, kMaxLogLength = 3.5;  // 0.03 .. 33 on [0,1] inputs
 constexpr double kMinLogSignal = -4.6, kMaxLogSignal = 4.6;
 constexpr double kMinLogNoise = -18.4, kMaxLogNoise = 0.0;
+constexpr double kPriorLogLength = 0.0, kPriorLogLengthSd = 1.0;
 
 // Cholesky of `k` with growing jitter when it is not numerically positive definite.
 bool Cholesky(Eigen::MatrixXd& k, Eigen::LLT<Eigen::MatrixXd>* llt) {
@@ -58,7 +59,10 @@ struct LmlProblem {
     const Eigen::MatrixXd& l = llt.matrixLLT();
     double logdet = 0;
     for (int i = 0; i < n; ++i) logdet += std::log(l(i, i));
-    const double lml = -0.5 * y.dot(alpha) - logdet - 0.5 * n * std::log(2 * M_PI);
+    double lml = -0.5 * y.dot(alpha) - logdet - 0.5 * n * std::log(2 * M_PI);
+    // Log-normal prior on the length scales (MAP instead of ML): with few observations in many
+    // dimensions the likelihood alone is flat and picks degenerate scales.
+    for (int k = 0; k < d; ++k) lml -= 0.5 * std::pow((theta[k] - kPriorLogLength) / kPriorLogLengthSd, 2);
     if (grad) {
       // dLML/dtheta = 0.5 tr((alpha alpha^T - K^-1) dK/dtheta).
       Eigen::MatrixXd w = alpha * alpha.transpose() - llt.solve(Eigen::MatrixXd::Identity(n, n));
@@ -66,6 +70,7 @@ struct LmlProblem {
       Eigen::MatrixXd common = sf2 * (5.0 / 3.0) * ((1 + kSqrt5 * r.array()) * e.array()).matrix();
       for (int k = 0; k < d; ++k)
         grad[k] = 0.5 * (w.array() * common.array() * sq[k].array()).sum() * std::exp(-2 * theta[k]);
+      for (int k = 0; k < d; ++k) grad[k] -= (theta[k] - kPriorLogLength) / (kPriorLogLengthSd * kPriorLogLengthSd);
       grad[d] = 0.5 * (w.array() * kmat.array()).sum();
       grad[d + 1] = 0.5 * w.trace() * sn2;
     }

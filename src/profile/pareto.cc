@@ -2,6 +2,7 @@
 // hypervolume improvement when only the quality of the new point is uncertain.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "kvserve/profile.h"
 
@@ -49,6 +50,11 @@ double ProbabilityMass(double a, double b, double mu, double sd) {
 
 }  // namespace
 
+// E[HVI] given mass(a, b) = integral of P(Q >= t) over [a, b).
+double ExpectedImprovementCore(const std::vector<Objectives>& front, const Objectives& ref,
+                               const std::vector<std::pair<double, double>>& boxes,
+                               const std::function<double(double, double)>& mass);
+
 std::vector<uint32_t> ParetoFront(const std::vector<Objectives>& points) {
   std::vector<uint32_t> front;
   for (uint32_t i = 0; i < points.size(); ++i) {
@@ -85,24 +91,57 @@ double Hypervolume3D(const std::vector<Objectives>& points, const Objectives& re
 
 double ExpectedHypervolumeImprovement(const std::vector<Objectives>& front, const Objectives& ref, double ratio,
                                       double speed, double quality_mean, double quality_sd) {
-  if (ratio <= ref.ratio || speed <= ref.speed) return 0;
+  return ExpectedHypervolumeImprovement(front, ref, {{ratio, speed}}, quality_mean, quality_sd);
+}
+
+double ExpectedHypervolumeImprovement(const std::vector<Objectives>& front, const Objectives& ref,
+                                      const std::vector<std::pair<double, double>>& boxes, double quality_mean,
+                                      double quality_sd) {
+  return ExpectedImprovementCore(front, ref, boxes, [&](double a, double b) {
+    return ProbabilityMass(a, b, quality_mean, quality_sd);
+  });
+}
+
+double ExpectedHypervolumeImprovement(const std::vector<Objectives>& front, const Objectives& ref,
+                                      const std::vector<std::pair<double, double>>& boxes,
+                                      const std::function<double(double)>& survival, double quality_max) {
+  return ExpectedImprovementCore(front, ref, boxes, [&](double a, double b) {
+    b = std::min(b, quality_max);
+    if (!(b > a)) return 0.0;
+    constexpr int kIntervals = 16;  // composite Simpson
+    const double h = (b - a) / kIntervals;
+    double sum = survival(a) + survival(b);
+    for (int i = 1; i < kIntervals; ++i) sum += (i % 2 ? 4 : 2) * survival(a + i * h);
+    return sum * h / 3;
+  });
+}
+
+double ExpectedImprovementCore(const std::vector<Objectives>& front, const Objectives& ref,
+                               const std::vector<std::pair<double, double>>& boxes,
+                               const std::function<double(double, double)>& mass) {
   // HVI(q) = integral over t in [ref.quality, q) of A(t), where A(t) is the part of the new
-  // point's (ratio, speed) box not covered by front points of quality >= t. A is a step function
-  // of t with steps at the front's qualities, so E[HVI] = sum of A over each step times the
-  // integral of P(Q >= t) over it, which has a closed form.
+  // points' (ratio, speed) boxes not covered by front points of quality >= t. A is a step
+  // function of t with steps at the front's qualities, so E[HVI] = sum of A over each step times
+  // the integral of P(Q >= t) over it, which has a closed form.
+  std::vector<Point2> fresh;
+  for (const auto& [r, s] : boxes)
+    if (r > ref.ratio && s > ref.speed) fresh.push_back({r, s});
+  if (fresh.empty()) return 0;
   std::vector<Objectives> f;
   for (const Objectives& o : front)
     if (o.quality > ref.quality) f.push_back(o);
   std::sort(f.begin(), f.end(), [](const Objectives& a, const Objectives& b) { return a.quality > b.quality; });
-  const double box = (ratio - ref.ratio) * (speed - ref.speed);
   double expected = 0, upper = INFINITY;
-  std::vector<Point2> covered;
+  std::vector<Point2> covered, both = fresh;
+  double covered_area = 0;
   for (size_t k = 0; k <= f.size(); ++k) {
     const double lower = k < f.size() ? std::max(f[k].quality, ref.quality) : ref.quality;
-    const double area = box - Area2D(covered, ref.ratio, ref.speed);
-    if (area > 0) expected += area * ProbabilityMass(lower, upper, quality_mean, quality_sd);
+    const double area = Area2D(both, ref.ratio, ref.speed) - covered_area;
+    if (area > 0) expected += area * mass(lower, upper);
     if (k == f.size()) break;
-    covered.push_back({std::min(ratio, f[k].ratio), std::min(speed, f[k].speed)});
+    covered.push_back({f[k].ratio, f[k].speed});
+    both.push_back({f[k].ratio, f[k].speed});
+    covered_area = Area2D(covered, ref.ratio, ref.speed);
     upper = lower;
   }
   return expected;

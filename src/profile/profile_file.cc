@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "kvserve/frame.h"
@@ -40,6 +41,11 @@ Status Get(std::string_view origin, const json& obj, const std::string& where, c
   return Status::Ok();
 }
 
+int64_t GroupKey(const Profile& p, uint32_t i) {
+  const int64_t g = p.candidates[i].quality_group;
+  return g >= 0 ? g : -1 - int64_t(i);
+}
+
 }  // namespace
 
 const char* QualityBucket(double q) {
@@ -65,19 +71,28 @@ std::string MachineDescription() {
 void ComputeProfileFrontier(Profile* p) {
   p->reference = ReferencePoint(p->floor);
   std::vector<Objectives> pts;
-  std::vector<const BoObservation*> src;
-  for (const BoObservation& o : p->log) {
+  std::vector<uint32_t> src;
+  // Quality of every candidate the log determines (evaluated, or same quality group).
+  std::vector<const BoObservation*> by_group(p->candidates.size() + 1, nullptr);
+  std::map<int64_t, const BoObservation*> group_obs;
+  for (const BoObservation& o : p->log)
+    if (o.candidate < p->candidates.size()) group_obs[GroupKey(*p, o.candidate)] = &o;
+  std::vector<const BoObservation*> obs_of(p->candidates.size(), nullptr);
+  for (uint32_t i = 0; i < p->candidates.size(); ++i) {
+    auto it = group_obs.find(GroupKey(*p, i));
+    if (it == group_obs.end()) continue;
+    const BoObservation& o = *it->second;
+    obs_of[i] = &o;
     // Below the floor is infeasible; ratio <= 1 is no compression, which every controller has.
-    if (o.candidate >= p->candidates.size() || o.quality < p->floor) continue;
-    if (p->candidates[o.candidate].ratio <= p->reference.ratio) continue;
-    pts.push_back(CandidateObjectives(p->candidates[o.candidate], o.quality));
-    src.push_back(&o);
+    if (o.quality < p->floor || p->candidates[i].ratio <= p->reference.ratio) continue;
+    pts.push_back(CandidateObjectives(p->candidates[i], o.quality));
+    src.push_back(i);
   }
   p->hypervolume = Hypervolume3D(pts, p->reference);
   p->pareto.clear();
-  for (uint32_t i : ParetoFront(pts)) {
-    const BoObservation& o = *src[i];
-    const BoCandidate& c = p->candidates[o.candidate];
+  for (uint32_t k : ParetoFront(pts)) {
+    const BoObservation& o = *obs_of[src[k]];
+    const BoCandidate& c = p->candidates[src[k]];
     p->pareto.push_back({c.spec, o.quality, o.quality_se, o.kl, c.ratio, c.encode_gbps, c.decode_gbps, QualityBucket(o.quality)});
   }
   std::sort(p->pareto.begin(), p->pareto.end(), [](const ProfileEntry& a, const ProfileEntry& b) {
@@ -108,7 +123,8 @@ std::string ProfileToJson(const Profile& p) {
                            {"bucket", e.bucket}});
   j["candidates"] = json::array();
   for (const BoCandidate& c : p.candidates)
-    j["candidates"].push_back({{"spec", c.spec}, {"ratio", c.ratio}, {"encode_gbps", c.encode_gbps}, {"decode_gbps", c.decode_gbps}});
+    j["candidates"].push_back({{"spec", c.spec}, {"ratio", c.ratio}, {"encode_gbps", c.encode_gbps},
+                               {"decode_gbps", c.decode_gbps}, {"quality_group", c.quality_group}});
   j["log"] = json::array();
   for (const BoObservation& o : p.log)
     j["log"].push_back({{"candidate", o.candidate}, {"spec", o.candidate < p.candidates.size() ? p.candidates[o.candidate].spec : ""},
@@ -166,6 +182,7 @@ Result<Profile> ProfileFromJson(std::string_view text, std::string_view origin, 
       KV_RETURN_IF_ERROR(Get(origin, e, w, "ratio", &c.ratio));
       KV_RETURN_IF_ERROR(Get(origin, e, w, "encode_gbps", &c.encode_gbps));
       KV_RETURN_IF_ERROR(Get(origin, e, w, "decode_gbps", &c.decode_gbps));
+      if (e.contains("quality_group") && e["quality_group"].is_number_integer()) c.quality_group = e["quality_group"].get<int64_t>();
       p.candidates.push_back(std::move(c));
     }
   }

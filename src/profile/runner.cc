@@ -49,13 +49,21 @@ Result<Profile> RunProfile(Evaluator& ev, const SearchSpace& space, const Profil
   p.seed = opts.bo.seed;
   p.floor = opts.bo.floor;
   p.reference = ReferencePoint(p.floor);
-  for (const SpaceCandidate& sc : space.candidates()) p.candidates.push_back({sc.spec, sc.features});
+  for (const SpaceCandidate& sc : space.candidates()) {
+    BoCandidate c;
+    c.spec = sc.spec;
+    c.features = sc.features;
+    c.quality_group = sc.quality_group;
+    p.candidates.push_back(std::move(c));
+  }
 
   bool measured = false;
   if (FileExists(opts.out)) {
     KV_ASSIGN_OR_RETURN(Profile old, LoadProfile(opts.out, p.model_sha256));
     KV_RETURN_IF_ERROR(CheckResumable(old, p, opts.out));
     for (size_t i = 0; i < p.candidates.size(); ++i) {
+      if (old.candidates[i].quality_group != p.candidates[i].quality_group && old.candidates[i].quality_group >= 0)
+        return CheckResumable(Profile{}, p, opts.out);  // a grouping from another kvserve
       p.candidates[i].ratio = old.candidates[i].ratio;
       p.candidates[i].encode_gbps = old.candidates[i].encode_gbps;
       p.candidates[i].decode_gbps = old.candidates[i].decode_gbps;

@@ -139,6 +139,18 @@ bool IsNumber(const std::string& s, double* v) {
   return !s.empty() && end && *end == '\0';
 }
 
+// The registry's scale for the GP (ParamSpec::Scale), before min-max scaling over the space.
+double Scaled(ParamSpec::Scale scale, double x) {
+  switch (scale) {
+    case ParamSpec::Scale::kLinear: return x;
+    case ParamSpec::Scale::kLog: return std::log(std::max(x, 1e-9));
+    case ParamSpec::Scale::kLog1p: return std::log1p(std::max(x, 0.0));
+    case ParamSpec::Scale::kInverse: return 1.0 / std::max(x, 1e-9);
+    case ParamSpec::Scale::kStep: return std::exp2(-x);
+  }
+  return x;
+}
+
 }  // namespace
 
 Result<SearchSpace> SearchSpace::Parse(std::string_view text, std::string_view origin) {
@@ -187,8 +199,14 @@ Result<SearchSpace> SearchSpace::Parse(std::string_view text, std::string_view o
   std::vector<std::string> stage_names;
   std::map<std::string, std::set<std::string>> values;  // "stage.key" -> values
   std::map<std::string, uint32_t> stage_count;
+  // Lossless stages do not change quality, so they are not GP inputs (the GP models quality).
+  auto lossless = [](const StageSpec& s) {
+    const StageInfo* info = FindStageInfo(s.name);
+    return info && info->lossless;
+  };
   for (const Expanded& e : all) {
     for (const StageSpec& s : e.parsed.stages) {
+      if (lossless(s)) continue;
       if (std::find(stage_names.begin(), stage_names.end(), s.name) == stage_names.end()) stage_names.push_back(s.name);
       stage_count[s.name]++;
       for (const auto& [k, v] : s.params) values[s.name + "." + k].insert(v);
@@ -199,6 +217,7 @@ Result<SearchSpace> SearchSpace::Parse(std::string_view text, std::string_view o
     std::string stage, key, value;
     uint32_t template_index = 0;
     double lo = 0, hi = 0;
+    ParamSpec::Scale scale = ParamSpec::Scale::kLinear;
   };
   std::vector<Feature> feats;
   if (templates.size() > 1)
@@ -214,8 +233,8 @@ Result<SearchSpace> SearchSpace::Parse(std::string_view text, std::string_view o
       if (numeric) {
         double lo = INFINITY, hi = -INFINITY, x;
         for (const std::string& v : vs)
-          if (IsNumber(v, &x)) lo = std::min(lo, x), hi = std::max(hi, x);
-        feats.push_back({Feature::kNumber, name, p.name, "", 0, lo, hi});
+          if (IsNumber(v, &x)) lo = std::min(lo, Scaled(p.scale, x)), hi = std::max(hi, Scaled(p.scale, x));
+        feats.push_back({Feature::kNumber, name, p.name, "", 0, lo, hi, p.scale});
       } else {
         for (const std::string& v : vs) feats.push_back({Feature::kOneHot, name, p.name, v});
       }
@@ -229,9 +248,14 @@ Result<SearchSpace> SearchSpace::Parse(std::string_view text, std::string_view o
       case Feature::kOneHot: space.feature_names_.push_back(f.stage + "." + f.key + "=" + f.value); break;
     }
   }
+  std::map<std::string, uint32_t> groups;
   for (const Expanded& e : all) {
     SpaceCandidate c;
     c.spec = e.spec;
+    std::string lossy_key;
+    for (const StageSpec& st : e.parsed.stages)
+      if (!lossless(st)) lossy_key += (lossy_key.empty() ? "" : "|") + st.Canonical();
+    c.quality_group = groups.emplace(lossy_key, uint32_t(groups.size())).first->second;
     for (const Feature& f : feats) {
       const StageSpec* s = nullptr;
       for (const StageSpec& st : e.parsed.stages)
@@ -241,7 +265,7 @@ Result<SearchSpace> SearchSpace::Parse(std::string_view text, std::string_view o
         case Feature::kTemplate: x = e.template_index == f.template_index; break;
         case Feature::kPresence: x = s != nullptr; break;
         case Feature::kNumber:
-          if (s && IsNumber(s->Get(f.key), &x)) x = f.hi > f.lo ? (x - f.lo) / (f.hi - f.lo) : 0;
+          if (s && IsNumber(s->Get(f.key), &x)) x = f.hi > f.lo ? (Scaled(f.scale, x) - f.lo) / (f.hi - f.lo) : 0;
           else x = 0;
           break;
         case Feature::kOneHot: x = s && s->Get(f.key) == f.value; break;

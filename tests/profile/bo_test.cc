@@ -87,6 +87,29 @@ TEST(BayesianSearch, ALogFromAnotherRunIsRefused) {
   EXPECT_NE(st.message().find("log"), std::string::npos) << st.ToString();
 }
 
+TEST(BayesianSearch, OneEvaluationAnswersAQualityGroup) {
+  // Pairs of candidates that differ only in lossless coding: same quality, other ratio and speed.
+  std::vector<BoCandidate> c;
+  for (int i = 0; i < 20; ++i) {
+    c.push_back({"raw" + std::to_string(i), {i / 19.0}, 2.0 + i * 0.2, 6, 9, i});
+    c.push_back({"coded" + std::to_string(i), {i / 19.0}, 2.5 + i * 0.25, 1, 2, i});
+  }
+  BoOptions o;
+  o.budget = 100;  // more than there are groups: it stops after 20 evaluations
+  std::vector<BoObservation> log;
+  int calls = 0;
+  ASSERT_TRUE(RunBayesianSearch(c, o, [&](uint32_t i) -> Result<BoObservation> {
+    ++calls;
+    BoObservation b;
+    b.quality = 1.0 - 0.002 * c[i].features[0];
+    return b;
+  }, &log).ok());
+  EXPECT_EQ(calls, 20);
+  const auto known = KnownQualities(c, log);
+  ASSERT_EQ(known.size(), 40u);
+  for (const auto& [i, q] : known) EXPECT_DOUBLE_EQ(q, 1.0 - 0.002 * c[i].features[0]);
+}
+
 TEST(BayesianSearch, BeatsRandomSearchOnASyntheticFrontier) {
   const auto c = LineSpace(200);
   std::vector<BoObservation> all;

@@ -57,6 +57,24 @@ TEST(Hypervolume, ExpectedImprovementMatchesNumericalIntegration) {
   }
   EXPECT_NEAR(ExpectedHypervolumeImprovement(front, ref, ratio, speed, mu, sd), numeric, 1e-6 * (1 + numeric));
   EXPECT_GT(numeric, 0);
+  // The survival-function form (numerical integration) agrees with the closed form.
+  auto survival = [&](double t) { return 0.5 * std::erfc((t - mu) / (sd * std::sqrt(2.0))); };
+  EXPECT_NEAR(ExpectedHypervolumeImprovement(front, ref, {{ratio, speed}}, survival, mu + 10 * sd), numeric,
+              1e-4 * numeric);
+}
+
+TEST(Hypervolume, ExpectedImprovementOfAGroupSharingOneQuality) {
+  // Two new points with the same quality: the improvement is that of adding both.
+  std::vector<Objectives> front = {{0.99, 4, 2}};
+  const Objectives ref{0.97, 1, 0};
+  const double q = 0.985;
+  auto with = front;
+  with.push_back({q, 6, 1});
+  with.push_back({q, 2, 5});
+  EXPECT_NEAR(ExpectedHypervolumeImprovement(front, ref, {{6, 1}, {2, 5}}, q, 0),
+              Hypervolume3D(with, ref) - Hypervolume3D(front, ref), 1e-12);
+  // Nothing above quality_max: a survival of 1 everywhere is cut there.
+  EXPECT_NEAR(ExpectedHypervolumeImprovement({}, ref, {{2, 1}}, [](double) { return 1.0; }, 0.98), 0.01 * 1 * 1, 1e-12);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The search space: read from the registry, restricted by a space file, errors name the field.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include "kvserve/codec.h"
@@ -33,12 +34,26 @@ TEST(SearchSpace, AllTakesTheRegistryRangeAndOneOfAndOptionalExpand) {
       {"one_of":[{"stage":"rans"},{"stage":"zstd","params":{"level":[1,3]}}],"optional":true}]}]})");
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(s.value().candidates().size(), 8u * 2 * (1 + 2 + 1));  // kbits 1..8 from the registry
-  // Features: presence of rans and zstd, kbits scaled, vaxis one-hot, zstd level scaled.
+  // Features describe the lossy stages only: kbits scaled, vaxis one-hot; the coders (lossless
+  // in the registry) are not GP inputs, and group does not vary.
   const auto& names = s.value().feature_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "quant.kbits"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "quant.vaxis=token"), names.end());
-  EXPECT_NE(std::find(names.begin(), names.end(), "rans"), names.end());
-  EXPECT_EQ(std::find(names.begin(), names.end(), "quant.group"), names.end());  // does not vary
+  EXPECT_EQ(std::find(names.begin(), names.end(), "rans"), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), "zstd.level"), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), "quant.group"), names.end());
+  // Strategies that differ only in lossless coding share a quality group: 8 x 2 groups of 4.
+  std::map<uint32_t, int> group_size;
+  for (const SpaceCandidate& c : s.value().candidates()) group_size[c.quality_group]++;
+  EXPECT_EQ(group_size.size(), 16u);
+  for (const auto& [g, n] : group_size) EXPECT_EQ(n, 4) << g;
+  // kbits uses the registry's step scale 2^-bits: 1 bit -> 1, 2 bits -> ~0.5, 8 bits -> 0.
+  const size_t k = std::find(names.begin(), names.end(), "quant.kbits") - names.begin();
+  for (const SpaceCandidate& c : s.value().candidates()) {
+    if (c.spec.find("kbits=1,") != std::string::npos) EXPECT_DOUBLE_EQ(c.features[k], 1.0);
+    if (c.spec.find("kbits=8,") != std::string::npos) EXPECT_DOUBLE_EQ(c.features[k], 0.0);
+    if (c.spec.find("kbits=2,") != std::string::npos) EXPECT_NEAR(c.features[k], (0.25 - 1.0 / 256) / (0.5 - 1.0 / 256), 1e-12);
+  }
 }
 
 TEST(SearchSpace, ErrorsNameTheField) {
