@@ -56,12 +56,14 @@ json ProfileSummaryJson(const Profile& p) {
 }
 
 Status DoRun(const RunFlags& f, bool grid) {
+  KV_ASSIGN_OR_RETURN(SearchMode mode, ParseSearchMode(f.mode));
+  if (!(f.floor > 0 && f.floor <= 1.5)) return Status::InvalidArgument("--floor: " + std::to_string(f.floor) + " is not in (0, 1.5]");
   KV_ASSIGN_OR_RETURN(SearchSpace space, LoadSpace(f.space_path));
   KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(f.model.model, f.model.tokenizer));
   KV_ASSIGN_OR_RETURN(auto ev, MakeEvaluator(m, f.eval));
   ProfileRunOptions o;
   o.grid = grid;
-  KV_ASSIGN_OR_RETURN(o.bo.mode, ParseSearchMode(f.mode));
+  o.bo.mode = mode;
   o.bo.budget = f.budget;
   o.bo.floor = f.floor;
   o.bo.seed = f.search_seed;

@@ -1,0 +1,83 @@
+// A profiling run on the real (small) model, end to end: the profile file it writes, and an
+// interrupted run resumed from its file equals an uninterrupted one.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "kvserve/eval.h"
+#include "kvserve/profile.h"
+#include "model/model_test_util.h"
+
+namespace kvserve {
+namespace {
+
+constexpr const char* kSpace = R"({"version":1,"templates":[{"stages":[
+  {"stage":"quant","params":{"kbits":[2,4],"vbits":[2,4],"vaxis":"channel","group":64}},
+  {"stage":"rans","optional":true}]}]})";
+
+class RunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/kvserve_runner_" + std::to_string(::getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    EvalOptions o;
+    o.n_contexts = 8;
+    o.disk_cache = false;
+    ev_ = Evaluator::Create(testing::Stories(), o).value();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  ProfileRunOptions Options(const std::string& out, uint32_t budget) {
+    ProfileRunOptions o;
+    o.bo.budget = budget;
+    o.bo.seed = 3;
+    o.speed_tokens = 16;
+    o.speed_runs = 1;
+    o.out = out;
+    return o;
+  }
+  std::string dir_;
+  std::unique_ptr<Evaluator> ev_;
+};
+
+TEST_F(RunnerTest, WritesAProfileAndResumes) {
+  const SearchSpace space = SearchSpace::Parse(kSpace).value();
+  ASSERT_EQ(space.candidates().size(), 8u);  // 4 quality groups of 2
+  const std::string a = dir_ + "/a.json", b = dir_ + "/b.json";
+  auto full = RunProfile(*ev_, space, Options(a, 3));
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  auto loaded = LoadProfile(a, testing::Stories().sha256);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded.value().log.size(), 3u);
+  EXPECT_EQ(loaded.value().model_sha256, testing::Stories().sha256);
+  EXPECT_FALSE(loaded.value().pareto.empty());
+  for (const ProfileEntry& e : loaded.value().pareto) {
+    EXPECT_GE(e.quality, 0.97);
+    EXPECT_GT(e.ratio, 1.0);
+  }
+  EXPECT_FALSE(LoadProfile(a, std::string(64, '0')).ok());  // another model's profile
+
+  // Interrupted after 2 evaluations (the file as it stood then: the measurements and the first
+  // two log entries), then the same command again.
+  Profile cut = loaded.value();
+  cut.log.resize(2);
+  ComputeProfileFrontier(&cut);
+  ASSERT_TRUE(SaveProfile(b, cut).ok());
+  auto resumed = RunProfile(*ev_, space, Options(b, 3));
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  ASSERT_EQ(resumed.value().log.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed.value().log[i].candidate, full.value().log[i].candidate);
+    EXPECT_DOUBLE_EQ(resumed.value().log[i].quality, full.value().log[i].quality);
+  }
+  // Same file, another seed: refused rather than mixed.
+  ProfileRunOptions other = Options(b, 3);
+  other.bo.seed = 4;
+  auto refused = RunProfile(*ev_, space, other);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("seed"), std::string::npos) << refused.status().ToString();
+}
+
+}  // namespace
+}  // namespace kvserve
