@@ -390,7 +390,6 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
     if (out.latency <= r.slo_seconds) ok_slo++;
     counts[choice]++;
     if (now >= drift_at) right.push_back(out.latency <= 1.05 * best_latency + 1e-9);
-    (void)best;
   }
   rep.requests = uint32_t(workload.size());
   double sum = 0;

@@ -73,7 +73,6 @@ void ComputeProfileFrontier(Profile* p) {
   std::vector<Objectives> pts;
   std::vector<uint32_t> src;
   // Quality of every candidate the log determines (evaluated, or same quality group).
-  std::vector<const BoObservation*> by_group(p->candidates.size() + 1, nullptr);
   std::map<int64_t, const BoObservation*> group_obs;
   for (const BoObservation& o : p->log)
     if (o.candidate < p->candidates.size()) group_obs[GroupKey(*p, o.candidate)] = &o;
