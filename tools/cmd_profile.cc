@@ -50,11 +50,6 @@ void PrintProfile(const Profile& p) {
   if (p.pareto.empty()) std::printf("(no strategy met the floor)\n");
 }
 
-json ProfileSummaryJson(const Profile& p) {
-  json j = json::parse(ProfileToJson(p));
-  return j;
-}
-
 Status DoRun(const RunFlags& f, bool grid) {
   KV_ASSIGN_OR_RETURN(SearchMode mode, ParseSearchMode(f.mode));
   if (!(f.floor > 0 && f.floor <= 1.5)) return Status::InvalidArgument("--floor: " + std::to_string(f.floor) + " is not in (0, 1.5]");

@@ -150,7 +150,7 @@ class Controller {
     double log_residual = 0;  // EWMA of log(observed / predicted)
     bool has_residual = false;
     uint32_t violations = 0, cooldown_left = 0;
-    double w = 0, wsum = 0, wsq = 0;  // discounted bandit evidence of log(observed / predicted)
+    double w = 0, wsum = 0;  // discounted bandit evidence of log(observed / predicted)
   };
   std::vector<StrategyCost> s_;
   ControllerOptions o_;

@@ -183,7 +183,6 @@ void Controller::Observe(const Decision& d, const Request& r, double observed) {
   a.has_residual = true;
   a.w = o_.discount * a.w + 1;
   a.wsum = o_.discount * a.wsum + rho;
-  a.wsq = o_.discount * a.wsq + rho * rho;
   // Cooldown only for violations the model did not foresee; none is never benched.
   if (i != 0 && d.meets_slo && observed > r.slo_seconds) {
     if (++a.violations >= o_.cooldown_after) a.cooldown_left = o_.cooldown_requests, a.violations = 0;

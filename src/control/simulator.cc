@@ -365,8 +365,11 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
     const double floor = ctl.FloorFor(r);
 
     uint32_t choice = 0;
+    // The hindsight best: the oracle's choice, and the yardstick of recovery after a drift.
+    const bool track_recovery = kind == kAdaptive && now >= drift_at;
     double best_latency = 0;
-    uint32_t best = world.Best(now, r.kv_bytes, r.model_seconds, floor, res, &best_latency);
+    const uint32_t best =
+        kind == kOracle || track_recovery ? world.Best(now, r.kv_bytes, r.model_seconds, floor, res, &best_latency) : 0;
     switch (kind) {
       case kNone: choice = 0; break;
       case kStatic: choice = s[static_index].quality >= floor ? static_index : 0; break;
@@ -376,7 +379,6 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
         // (bytes not yet sent, codec work not yet done), not the true future of the link.
         const double bw = est.has_estimate() ? est.PlanningEstimate(now) : world.TrueBandwidth(now);
         seen.link_wait = link_backlog / bw;
-        seen.decode_wait = std::max(seen.decode_wait, 0.0);
         ctl.Decide(r, bw, est.Confidence(now), seen, &d);
         choice = d.choice;
         if (opts.explain) rep.explanations.push_back(ctl.Explain(r, d));
@@ -389,7 +391,7 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
     rep.latencies_ms.push_back(out.latency * 1e3);
     if (out.latency <= r.slo_seconds) ok_slo++;
     counts[choice]++;
-    if (now >= drift_at) right.push_back(out.latency <= 1.05 * best_latency + 1e-9);
+    if (track_recovery) right.push_back(out.latency <= 1.05 * best_latency + 1e-9);
   }
   rep.requests = uint32_t(workload.size());
   double sum = 0;

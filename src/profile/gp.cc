@@ -18,6 +18,12 @@ constexpr double kMinLogSignal = -4.6, kMaxLogSignal = 4.6;
 constexpr double kMinLogNoise = -18.4, kMaxLogNoise = 0.0;
 constexpr double kPriorLogLength = 0.0, kPriorLogLengthSd = 1.0;
 
+// Matérn-5/2 correlation at squared scaled distance r2.
+inline double Matern52(double r2) {
+  const double r = std::sqrt(r2);
+  return (1 + kSqrt5 * r + (5.0 / 3.0) * r2) * std::exp(-kSqrt5 * r);
+}
+
 // Cholesky of `k` with growing jitter when it is not numerically positive definite.
 bool Cholesky(Eigen::MatrixXd& k, Eigen::LLT<Eigen::MatrixXd>* llt) {
   const double scale = k.diagonal().mean();
@@ -186,8 +192,7 @@ Status GaussianProcess::Fit(const std::vector<std::vector<double>>& x, const std
     for (int j = 0; j < n; ++j) {
       double r2 = 0;
       for (int k = 0; k < d; ++k) r2 += prob.sq[k](i, j) * std::exp(-2 * theta[k]);
-      const double r = std::sqrt(r2);
-      kn(i, j) = sf2 * (1 + kSqrt5 * r + (5.0 / 3.0) * r2) * std::exp(-kSqrt5 * r);
+      kn(i, j) = sf2 * Matern52(r2);
     }
   kn.diagonal().array() += sn2 + prob.obs_var.array();
   Eigen::LLT<Eigen::MatrixXd> llt;
@@ -209,8 +214,7 @@ void GaussianProcess::Predict(const std::vector<double>& x, double* mean, double
       const double diff = (x[k] - x_[size_t(i) * d + k]) * std::exp(-hyper_.log_length[k]);
       r2 += diff * diff;
     }
-    const double r = std::sqrt(r2);
-    ks[i] = sf2 * (1 + kSqrt5 * r + (5.0 / 3.0) * r2) * std::exp(-kSqrt5 * r);
+    ks[i] = sf2 * Matern52(r2);
   }
   Eigen::Map<const Eigen::VectorXd> alpha(alpha_.data(), n);
   Eigen::Map<const Eigen::MatrixXd> l(chol_.data(), n, n);

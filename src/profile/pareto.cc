@@ -51,7 +51,7 @@ double ProbabilityMass(double a, double b, double mu, double sd) {
 }  // namespace
 
 // E[HVI] given mass(a, b) = integral of P(Q >= t) over [a, b).
-double ExpectedImprovementCore(const std::vector<Objectives>& front, const Objectives& ref,
+static double ExpectedImprovementCore(const std::vector<Objectives>& front, const Objectives& ref,
                                const std::vector<std::pair<double, double>>& boxes,
                                const std::function<double(double, double)>& mass);
 
@@ -116,7 +116,7 @@ double ExpectedHypervolumeImprovement(const std::vector<Objectives>& front, cons
   });
 }
 
-double ExpectedImprovementCore(const std::vector<Objectives>& front, const Objectives& ref,
+static double ExpectedImprovementCore(const std::vector<Objectives>& front, const Objectives& ref,
                                const std::vector<std::pair<double, double>>& boxes,
                                const std::function<double(double, double)>& mass) {
   // HVI(q) = integral over t in [ref.quality, q) of A(t), where A(t) is the part of the new

@@ -63,7 +63,8 @@ Result<Profile> RunProfile(Evaluator& ev, const SearchSpace& space, const Profil
     KV_RETURN_IF_ERROR(CheckResumable(old, p, opts.out));
     for (size_t i = 0; i < p.candidates.size(); ++i) {
       if (old.candidates[i].quality_group != p.candidates[i].quality_group && old.candidates[i].quality_group >= 0)
-        return CheckResumable(Profile{}, p, opts.out);  // a grouping from another kvserve
+        return Status::InvalidArgument("profile " + opts.out + " groups its candidates differently (another kvserve?); "
+                                       "remove it or write to another file to start afresh");
       p.candidates[i].ratio = old.candidates[i].ratio;
       p.candidates[i].encode_gbps = old.candidates[i].encode_gbps;
       p.candidates[i].decode_gbps = old.candidates[i].decode_gbps;

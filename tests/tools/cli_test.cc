@@ -8,23 +8,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tools/cli_test_util.h"
+
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-CliRun Cli(const std::string& args) {
-  const std::string cmd = std::string(KVSERVE_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using kvserve::testing::Cli;
+using kvserve::testing::CliRun;
 
 int Lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
 

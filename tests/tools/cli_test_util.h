@@ -1,0 +1,27 @@
+// Runs the kvserve CLI for the CLI tests: exit code and output (stdout and stderr together).
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+namespace kvserve::testing {
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+inline CliRun Cli(const std::string& args) {
+  const std::string cmd = std::string(KVSERVE_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace kvserve::testing
