@@ -147,8 +147,9 @@ class MixHqStage final : public Stage {
         const size_t n8 = (size_t(b.bt) * shape.head_dim + 7) & ~size_t{7};
         // Fine and coarse blocks differ in bits, so they get separate statistics.
         const bool fine = b.m == (v ? p_.vfine : p_.kfine);
-        out.push_back({off + (v ? b.bt : shape.head_dim) * 2, uint32_t(n8), uint8_t(BitsFor(b.m)), shape.head_dim,
-                       (layer * 2 + uint32_t(v)) * 2 + uint32_t(fine)});
+        const uint32_t scales = v ? b.bt : shape.head_dim, ctx = (layer * 2 + uint32_t(v)) * 2 + uint32_t(fine);
+        out.push_back({off, scales, 16, 1, ctx, CodeSection::Kind::kHalf});
+        out.push_back({off + scales * 2, uint32_t(n8), uint8_t(BitsFor(b.m)), shape.head_dim, ctx});
         off += L.block_bytes(v, b);
       }
     }

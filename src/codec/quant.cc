@@ -589,7 +589,11 @@ class QuantStage final : public Stage {
       for (uint32_t t0 = 0; t0 < p.n_quant; t0 += p.block_tokens()) {
         const uint32_t bt = std::min(p.block_tokens(), p.n_quant - t0);
         const size_t n8 = (size_t{bt} * p.head_dim + 7) & ~size_t{7};
-        out.push_back({off + p.meta_count(bt) * 4, uint32_t(n8), uint8_t(p.bits), p.head_dim, uint32_t(layer * 2 + part)});
+        const uint32_t m = uint32_t(p.meta_count(bt)), ctx = uint32_t(layer * 2 + part);
+        // Minima, then steps, then the codes: each kind of value gets its own statistics.
+        out.push_back({off, m, 16, 1, ctx * 2, CodeSection::Kind::kHalf});
+        out.push_back({off + m * 2, m, 16, 1, ctx * 2 + 1, CodeSection::Kind::kHalf});
+        out.push_back({off + m * 4, uint32_t(n8), uint8_t(p.bits), p.head_dim, ctx});
         off += p.block_bytes(bt);
       }
     }

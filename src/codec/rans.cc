@@ -1,70 +1,120 @@
-// rans(tables=channel|part, predict=token|none): static rANS entropy coding of the quantisation codes that the
-// previous stage (quant) reports as code sections, with one frequency table per (layer, K/V part,
-// channel) — CacheGen found per-channel statistics matter — or per (layer, part). Bytes outside
-// the code sections (ranges, residual tokens) pass through unchanged.
+// rans(tables=auto|channel|part, predict=auto|token|none): static rANS entropy coding of what the
+// previous stage (quant, mixhq) reports as sections: its quantisation codes, with one frequency
+// table per (layer, K/V part, channel) — CacheGen found per-channel statistics matter — or one
+// per (layer, part); and its fp16 metadata (ranges, scales), as low and high bytes with a table
+// each per kind of value. Other bytes (headers, residual fp16 tokens) pass through unchanged.
 //
-// Coder: byte-wise rANS, 32-bit states, 11-bit probabilities, 4 interleaved states sharing one
-// stream (the encoder runs backwards, so the decoder reads forwards). Every state must end where
-// the encoder started it, which catches corrupted streams the checksum did not (it always does).
+// Prediction: with it, a code is replaced by its difference (mod 2^bits) from the same channel
+// one token earlier. It pays on smooth KV and costs on noisy KV (the difference of two
+// independent codes spreads wider than either). Per-channel tables pay where channels differ
+// and cost their own bytes where they do not. `auto` makes both choices per (layer, part) from
+// the counts, tables' bytes included. Metadata of a context is coded only when that is smaller
+// than storing it (small blocks can lose).
 //
-// Payload: u8 version | u8 prob_bits | u8 tables (0 channel, 1 part) | u8 n_states | u32 n_tables
-//          | per table: u8 bits, (1 << bits) x varint frequency | u64 raw_len, raw bytes
-//          | u64 n_symbols | n_states x u32 final state | u64 stream_len, stream bytes
+// Coder: 32 interleaved rANS states, 12-bit probabilities, 16-bit renormalisation words in one
+// stream (the encoder runs backwards, so the decoder reads forwards); every run of symbols is
+// padded to a multiple of 32 with its tables' likeliest symbols so that a group of 32 never
+// straddles two tables' layouts. The decoder (rans_kernels.h) uses AVX-512 gathers where built
+// with them. Every state must end where the encoder started it, which catches corruption the
+// frame checksum did not.
+//
+// Payload: u8 version 2 | u8 prob_bits | u8 lanes
+//          | u32 n_code_contexts, u8 flags each (bit 0: predicted, bit 1: one table for all channels)
+//          | u32 n_half_contexts, u8 flags each (bit 0: entropy coded)
+//          | u32 n_tables, per table: u8 bits, frequencies as varints (a 0 is followed by the
+//            varint count of further zeros)
+//          | u64 raw_len, raw bytes | u64 n_symbols | 32 x u32 final state | u64 stream_len, stream
 #include <algorithm>
-#include <bit>
+#include <cmath>
 #include <cstring>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
 #include "codec/quant_kernels.h"
+#include "codec/rans_kernels.h"
 #include "codec/stage.h"
 
 namespace kvserve {
 namespace {
 
-constexpr uint32_t kProbBits = 11;
-constexpr uint32_t kProbScale = 1u << kProbBits;
-constexpr uint32_t kRansLow = 1u << 23;
-constexpr int kStates = 4;
+using rans::kLanes;
+using rans::kLow;
+using rans::kProbBits;
+using rans::kProbScale;
+using Kind = CodeSection::Kind;
 
-// Table numbering: contexts in order of first appearance, each with n_channel tables (channel
-// mode) or one (part mode).
-struct TableMap {
-  std::vector<uint32_t> context_base;  // indexed by context id
-  std::vector<uint8_t> bits;           // per table
-  std::vector<uint32_t> offset;        // per table: first entry in the per-symbol arrays
-  uint32_t n_tables = 0;
-  uint32_t n_entries = 0;              // sum of the tables' alphabet sizes
+constexpr uint8_t kVersion = 2;
+constexpr int kHalfBits = 8;  // metadata symbols are bytes: the low and the high byte of an fp16
+
+enum class Choice { kAuto, kYes, kNo };  // a per-context option: decided from the counts, or fixed
+
+uint64_t SectionBytes(const CodeSection& s) {
+  return s.kind == Kind::kHalf ? uint64_t(s.n_codes) * 2 : quant::PackedBytes(s.n_codes, s.bits);
+}
+uint32_t Padded(uint64_t n) { return uint32_t((n + kLanes - 1) / kLanes * kLanes); }
+
+// What both sides derive from the sections: the contexts (code contexts, then metadata
+// contexts, each in order of first appearance) and their tables.
+struct Context {
+  uint32_t first_table = 0;
+  uint32_t n_tables = 0;   // in use: n_channel, or 1 when shared (room is kept for n_channel)
+  uint32_t n_channel = 1;  // channels cycled through by the symbols (metadata: 2, low/high byte)
+  uint8_t bits = 0;
+  bool per_channel = true;        // one table per channel, else one for all (the first)
+  std::vector<uint32_t> sections;  // indices, in offset order
+  uint64_t n_symbols = 0;          // unpadded (metadata: both bytes of every value)
+};
+struct Layout {
+  std::vector<Context> code, half;
+  std::vector<uint8_t> table_bits;      // per table
+  std::vector<uint32_t> table_offset;   // per table: first entry in the per-symbol arrays
+  uint32_t n_entries = 0;
+  std::vector<uint32_t> context_of;     // per section: index into code or half
+  uint64_t code_bytes = 0;              // packed code bytes of all code sections
 };
 
-Result<TableMap> MapTables(const std::vector<CodeSection>& sections, bool per_channel) {
-  TableMap m;
-  std::vector<uint32_t> ctx_channels, ctx_bits;
-  for (const CodeSection& s : sections) {
-    if (s.context >= m.context_base.size()) {
-      m.context_base.resize(s.context + 1, UINT32_MAX);
-      ctx_channels.resize(s.context + 1, 0);
-      ctx_bits.resize(s.context + 1, 0);
+void AddTables(Layout& L, Context& c) {
+  c.first_table = uint32_t(L.table_bits.size());
+  for (uint32_t k = 0; k < c.n_channel; ++k) {
+    L.table_bits.push_back(c.bits);
+    L.table_offset.push_back(L.n_entries);
+    L.n_entries += 1u << c.bits;
+  }
+}
+
+Result<Layout> MakeLayout(const std::vector<CodeSection>& secs) {
+  Layout L;
+  std::vector<int64_t> code_index, half_index;
+  uint64_t prev_end = 0;
+  for (uint32_t i = 0; i < secs.size(); ++i) {
+    const CodeSection& s = secs[i];
+    if (s.offset < prev_end) return Status::Internal("code sections overlap or are out of order");
+    prev_end = s.offset + SectionBytes(s);
+    const bool half = s.kind == Kind::kHalf;
+    if (half ? (s.bits != 16 || s.n_channel != 1) : (s.bits < 1 || s.bits > 8 || s.n_channel == 0 || s.n_codes % 8)) {
+      return Status::Internal("malformed code section (" + std::to_string(s.bits) + " bits)");
     }
-    if (s.bits < 1 || s.bits > 8) return Status::Internal("code section with " + std::to_string(s.bits) + " bits");
-    if (m.context_base[s.context] == UINT32_MAX) {
-      m.context_base[s.context] = m.n_tables;
-      ctx_channels[s.context] = s.n_channel;
-      ctx_bits[s.context] = s.bits;
-      const uint32_t n = per_channel ? s.n_channel : 1;
-      m.n_tables += n;
-      m.bits.insert(m.bits.end(), n, s.bits);
-      for (uint32_t k = 0; k < n; ++k) {
-        m.offset.push_back(m.n_entries);
-        m.n_entries += 1u << s.bits;
-      }
-    } else if (ctx_channels[s.context] != s.n_channel || ctx_bits[s.context] != s.bits) {
+    std::vector<int64_t>& index = half ? half_index : code_index;
+    std::vector<Context>& list = half ? L.half : L.code;
+    if (s.context >= index.size()) index.resize(s.context + 1, -1);
+    if (index[s.context] < 0) {
+      index[s.context] = int64_t(list.size());
+      Context c;
+      c.bits = half ? kHalfBits : s.bits;
+      c.n_channel = half ? 2 : s.n_channel;
+      c.n_tables = c.n_channel;
+      list.push_back(c);
+    }
+    Context& c = list[size_t(index[s.context])];
+    if (!half && (c.n_channel != s.n_channel || c.bits != s.bits)) {
       return Status::Internal("code sections of one context disagree on bits or channels");
     }
+    c.sections.push_back(i);
+    c.n_symbols += half ? uint64_t(s.n_codes) * 2 : s.n_codes;
+    L.context_of.push_back(uint32_t(index[s.context]));
+    if (!half) L.code_bytes += SectionBytes(s);
   }
-  return m;
+  for (Context& c : L.code) AddTables(L, c);
+  for (Context& c : L.half) AddTables(L, c);
+  return L;
 }
 
 // Scales counts to frequencies summing to kProbScale, every seen symbol at least 1.
@@ -94,8 +144,19 @@ void Normalize(const uint64_t* count, uint32_t alphabet, uint16_t* freq) {
   }
 }
 
+// Bits an ideal coder spends on these counts with their own frequencies.
+double CostBits(const uint64_t* count, uint32_t alphabet) {
+  uint64_t total = 0;
+  for (uint32_t s = 0; s < alphabet; ++s) total += count[s];
+  double bits = 0;
+  for (uint32_t s = 0; s < alphabet; ++s) {
+    if (count[s]) bits -= double(count[s]) * std::log2(double(count[s]) / double(total));
+  }
+  return bits;
+}
+
 // Encoder side of one symbol: division by the frequency replaced by a multiply with a
-// precomputed reciprocal (x / f == (x * rcp) >> 32 >> shift for every 32-bit x).
+// precomputed reciprocal (x / f == (x * rcp) >> 32 >> shift for every x < 2^31).
 struct EncSymbol {
   uint32_t x_max = 0, rcp_freq = 0;
   uint32_t bias = 0, cmpl_freq = 0;
@@ -104,7 +165,7 @@ struct EncSymbol {
 
 EncSymbol MakeEncSymbol(uint32_t start, uint32_t freq) {
   EncSymbol e;
-  e.x_max = ((kRansLow >> kProbBits) << 8) * freq;
+  e.x_max = ((kLow >> kProbBits) << 16) * freq;
   e.cmpl_freq = kProbScale - freq;
   if (freq < 2) {
     // x / 1 = x: a reciprocal of 2^32 - 1 with the bias below makes the formula exact.
@@ -122,47 +183,38 @@ EncSymbol MakeEncSymbol(uint32_t start, uint32_t freq) {
 }
 
 inline void EncPut(uint32_t& x, uint8_t*& ptr, const EncSymbol& e) {
-  while (x >= e.x_max) {
-    *--ptr = uint8_t(x & 0xff);
-    x >>= 8;
+  if (x >= e.x_max) {  // one word always suffices: x < 2^31, x_max >= 2^19
+    ptr -= 2;
+    const uint16_t w = uint16_t(x);
+    std::memcpy(ptr, &w, 2);
+    x >>= 16;
   }
   const uint32_t q = uint32_t((uint64_t(x) * e.rcp_freq) >> 32) >> e.rcp_shift;
   x = x + e.bias + q * e.cmpl_freq;  // == (x / f) * M + x % f + start
 }
 
-// Symbol whose [start, start + freq) holds `slot`: the number of starts <= slot, minus one.
-inline uint32_t FindSymbol(const uint16_t* start, uint32_t alphabet, uint32_t slot) {
-  uint32_t lo = 0, hi = alphabet;  // start[lo] <= slot < start[hi] (start[alphabet] = scale)
-  while (hi - lo > 1) {
-    const uint32_t mid = (lo + hi) / 2;
-    if (start[mid] <= slot) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
-
-// For alphabets of at most 16 symbols: the starts padded to 16 lanes (unused lanes = 0x7fff),
-// searched with one vector compare.
-inline uint32_t FindSymbol16(const uint16_t* start16, uint32_t slot) {
-#if defined(__AVX2__)
-  const __m256i st = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(start16));
-  const __m256i gt = _mm256_cmpgt_epi16(st, _mm256_set1_epi16(int16_t(slot)));  // start > slot
-  const uint32_t le = ~uint32_t(_mm256_movemask_epi8(gt));                       // 2 bits per lane
-  return uint32_t(std::popcount(le)) / 2 - 1;
-#else
-  uint32_t n = 0;
-  for (int s = 0; s < 16; ++s) n += start16[s] <= slot;
-  return n - 1;
-#endif
-}
-
-// Frequencies are stored as LEB128 varints: most are below 128, and most tables are sparse.
+// Frequencies are stored as LEB128 varints (most are below 128), with runs of zeros as a
+// count: metadata tables have 256 entries and most are empty.
 void PutVarint(ByteBuffer* out, uint32_t v) {
   while (v >= 0x80) {
     out->push_back(uint8_t(v | 0x80));
     v >>= 7;
   }
   out->push_back(uint8_t(v));
+}
+void PutTable(ByteBuffer* out, const uint16_t* freq, uint32_t alphabet) {
+  for (uint32_t s = 0; s < alphabet;) {
+    PutVarint(out, freq[s]);
+    if (freq[s++] != 0) continue;
+    uint32_t zeros = 0;
+    while (s < alphabet && freq[s] == 0) ++zeros, ++s;
+    PutVarint(out, zeros);
+  }
+}
+size_t TableBytes(const uint16_t* freq, uint32_t alphabet) {
+  ByteBuffer b;
+  PutTable(&b, freq, alphabet);
+  return b.size() + 1;
 }
 
 template <typename T>
@@ -204,94 +256,220 @@ class Reader {
   size_t off_ = 0;
 };
 
-// With prediction, code j is replaced by its difference (mod 2^bits) from the code of the same
-// channel one row (token) earlier in the section: KV changes slowly along tokens, so residuals
-// gather at 0 where the codes themselves spread over the range.
 void Predict(uint8_t* codes, uint32_t n, uint32_t row, int bits) {
   const uint8_t mask = uint8_t((1u << bits) - 1);
   for (uint32_t j = n; j-- > row;) codes[j] = uint8_t((codes[j] - codes[j - row]) & mask);
 }
 void Unpredict(uint8_t* codes, uint32_t n, uint32_t row, int bits) {
+  // Row by row, so the inner loop has no dependence and vectorises.
   const uint8_t mask = uint8_t((1u << bits) - 1);
-  for (uint32_t j = row; j < n; ++j) codes[j] = uint8_t((codes[j] + codes[j - row]) & mask);
+  uint32_t j = row;
+  for (; j + row <= n; j += row) {
+    uint8_t* cur = codes + j;
+    const uint8_t* prev = cur - row;
+    for (uint32_t c = 0; c < row; ++c) cur[c] = uint8_t((cur[c] + prev[c]) & mask);
+  }
+  for (; j < n; ++j) codes[j] = uint8_t((codes[j] + codes[j - row]) & mask);
+}
+
+// The symbols of one run: a code section's codes (unpacked, predicted if its context is), or
+// every metadata byte of a context; padded with each table's likeliest symbol.
+void CodeSymbols(const CodeSection& s, const uint8_t* payload, bool predicted, std::vector<uint8_t>& sym) {
+  sym.resize(Padded(s.n_codes));
+  quant::UnpackCodes(payload + s.offset, s.n_codes, s.bits, sym.data());
+  if (predicted) Predict(sym.data(), s.n_codes, s.n_channel, s.bits);
+}
+void HalfSymbols(const Context& c, const std::vector<CodeSection>& secs, const uint8_t* payload,
+                 std::vector<uint8_t>& sym) {
+  sym.resize(Padded(c.n_symbols));
+  size_t at = 0;
+  for (uint32_t i : c.sections) {
+    std::memcpy(sym.data() + at, payload + secs[i].offset, SectionBytes(secs[i]));
+    at += SectionBytes(secs[i]);
+  }
+}
+
+constexpr uint8_t kPredicted = 1, kShared = 2;  // code context flags
+
+// Picks prediction and table sharing for one code context: the smallest estimated size, tables
+// included, among what the strategy allows (counts of a disallowed variant are all zero and
+// never chosen). Leaves the chosen counts in `counts`' table slots and returns the flags.
+uint8_t ChooseTables(Layout& L, Context& c, std::vector<uint64_t>& counts, const std::vector<uint64_t>& counts_pred,
+                     Choice per_channel, Choice predict) {
+  const uint32_t A = 1u << c.bits, o0 = L.table_offset[c.first_table];
+  std::vector<uint64_t> shared(A);
+  std::vector<uint16_t> freq(A);
+  auto table_bits = [&](const uint64_t* cnt) {
+    Normalize(cnt, A, freq.data());
+    return CostBits(cnt, A) + 8.0 * double(TableBytes(freq.data(), A));
+  };
+  auto sum_channels = [&](const uint64_t* cnt) {
+    std::fill(shared.begin(), shared.end(), 0);
+    for (uint32_t ch = 0; ch < c.n_channel; ++ch)
+      for (uint32_t s = 0; s < A; ++s) shared[s] += cnt[size_t(ch) * A + s];
+  };
+  double best = INFINITY;
+  uint8_t flags = 0;
+  for (uint8_t f = 0; f < 4; ++f) {
+    const bool pred = f & kPredicted, share = f & kShared;
+    if ((predict == Choice::kYes && !pred) || (predict == Choice::kNo && pred) ||
+        (per_channel == Choice::kYes && share) || (per_channel == Choice::kNo && !share)) {
+      continue;
+    }
+    const uint64_t* cnt = (pred ? counts_pred : counts).data() + o0;
+    double bits = 0;
+    if (share) {
+      sum_channels(cnt);
+      bits = table_bits(shared.data());
+    } else {
+      for (uint32_t ch = 0; ch < c.n_channel; ++ch) bits += table_bits(cnt + size_t(ch) * A);
+    }
+    if (bits < best) best = bits, flags = f;
+  }
+  const uint64_t* cnt = ((flags & kPredicted) ? counts_pred : counts).data() + o0;
+  if (flags & kShared) {
+    sum_channels(cnt);
+    std::fill_n(&counts[o0], size_t(c.n_channel) * A, 0);
+    std::copy(shared.begin(), shared.end(), &counts[o0]);
+  } else if (flags & kPredicted) {
+    std::copy_n(cnt, size_t(c.n_channel) * A, &counts[o0]);
+  }
+  c.per_channel = !(flags & kShared);
+  c.n_tables = c.per_channel ? c.n_channel : 1;
+  return flags;
 }
 
 class RansStage final : public Stage {
  public:
-  RansStage(bool per_channel, bool predict) : per_channel_(per_channel), predict_(predict) {}
+  RansStage(Choice per_channel, Choice predict) : per_channel_(per_channel), predict_(predict) {}
 
   Status Encode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
     if (ctx.sections == nullptr) return Status::Internal("rans needs the code sections of the previous stage");
     const std::vector<CodeSection>& secs = *ctx.sections;
-    KV_ASSIGN_OR_RETURN(TableMap tm, MapTables(secs, per_channel_));
+    KV_ASSIGN_OR_RETURN(Layout L, MakeLayout(secs));
     const uint8_t* payload = in.bytes.data();
-    // Pass 1: counts per table.
-    std::vector<uint64_t> counts(tm.n_entries, 0);
-    std::vector<uint8_t> codes;
-    uint64_t n_symbols = 0;
     for (const CodeSection& s : secs) {
-      if (s.offset + quant::PackedBytes(s.n_codes, s.bits) > in.bytes.size()) {
-        return Status::Internal("code section beyond the payload");
-      }
-      codes.resize(s.n_codes);
-      quant::UnpackCodes(payload + s.offset, s.n_codes, s.bits, codes.data());
-      if (predict_) Predict(codes.data(), s.n_codes, s.n_channel, s.bits);
-      const uint32_t base = tm.context_base[s.context];
-      for (uint32_t j = 0, ch = 0; j < s.n_codes; ++j) {
-        ++counts[tm.offset[base + (per_channel_ ? ch : 0)] + codes[j]];
-        if (++ch == s.n_channel) ch = 0;
-      }
-      n_symbols += s.n_codes;
+      if (s.offset + SectionBytes(s) > in.bytes.size()) return Status::Internal("code section beyond the payload");
     }
-    std::vector<uint16_t> freq(tm.n_entries, 0);
-    std::vector<EncSymbol> enc(tm.n_entries);
-    for (uint32_t t = 0; t < tm.n_tables; ++t) {
-      const uint32_t a = 1u << tm.bits[t], o0 = tm.offset[t];
+    // Pass 1: counts, with and without prediction, and the choices they lead to.
+    std::vector<uint64_t> counts(L.n_entries, 0), counts_pred(L.n_entries, 0);
+    std::vector<uint8_t> sym;
+    for (size_t i = 0; i < secs.size(); ++i) {
+      const CodeSection& s = secs[i];
+      if (s.kind == Kind::kHalf) continue;
+      const Context& c = L.code[L.context_of[i]];
+      auto count = [&](uint64_t* cnt) {
+        cnt += L.table_offset[c.first_table];
+        for (uint32_t j = 0, ch = 0; j < s.n_codes; ++j) {
+          ++cnt[(ch << c.bits) + sym[j]];
+          if (++ch == c.n_channel) ch = 0;
+        }
+      };
+      CodeSymbols(s, payload, false, sym);
+      if (predict_ != Choice::kYes) count(counts.data());
+      if (predict_ != Choice::kNo) {
+        Predict(sym.data(), s.n_codes, s.n_channel, s.bits);
+        count(counts_pred.data());
+      }
+    }
+    std::vector<uint8_t> flags(L.code.size()), coded(L.half.size());
+    for (size_t k = 0; k < L.code.size(); ++k) flags[k] = ChooseTables(L, L.code[k], counts, counts_pred, per_channel_, predict_);
+    for (const Context& c : L.half) {
+      HalfSymbols(c, secs, payload, sym);
+      for (uint64_t j = 0; j < c.n_symbols; ++j) ++counts[L.table_offset[c.first_table + (j & 1)] + sym[j]];
+    }
+    std::vector<uint16_t> freq(L.n_entries, 0);
+    std::vector<EncSymbol> enc(L.n_entries);
+    std::vector<uint8_t> likeliest(L.table_bits.size());
+    for (uint32_t t = 0; t < L.table_bits.size(); ++t) {
+      const uint32_t a = 1u << L.table_bits[t], o0 = L.table_offset[t];
       Normalize(&counts[o0], a, &freq[o0]);
+      likeliest[t] = uint8_t(std::max_element(&freq[o0], &freq[o0] + a) - &freq[o0]);
       for (uint32_t s = 0, start = 0; s < a; start += freq[o0 + s], ++s) enc[o0 + s] = MakeEncSymbol(start, freq[o0 + s]);
+    }
+    for (size_t k = 0; k < L.half.size(); ++k) {
+      // Metadata is entropy coded only where that beats storing it, tables included.
+      const Context& c = L.half[k];
+      double bytes = 0;
+      for (uint32_t t = c.first_table; t < c.first_table + 2; ++t) {
+        bytes += CostBits(&counts[L.table_offset[t]], 256) / 8 + double(TableBytes(&freq[L.table_offset[t]], 256));
+      }
+      coded[k] = bytes < double(c.n_symbols);
+    }
+    // Runs in decoding order: coded metadata contexts, then the code sections.
+    struct RunRef {
+      bool half;
+      uint32_t index;  // context (metadata) or section (codes)
+    };
+    std::vector<RunRef> runs;
+    uint64_t n_symbols = 0;
+    for (uint32_t k = 0; k < L.half.size(); ++k) {
+      if (coded[k]) runs.push_back({true, k}), n_symbols += Padded(L.half[k].n_symbols);
+    }
+    for (uint32_t i = 0; i < secs.size(); ++i) {
+      if (secs[i].kind == Kind::kCodes) runs.push_back({false, i}), n_symbols += Padded(secs[i].n_codes);
     }
     // Pass 2: encode backwards into a stream that grows downwards.
     thread_local ByteBuffer stream;  // reused: a fresh buffer per call costs its page faults
-    stream.resize(n_symbols * 2 + 64);  // at most 2 bytes per symbol at 11-bit precision
+    stream.resize(n_symbols * 2 + 64);  // at most one word per symbol
     uint8_t* ptr = stream.data() + stream.size();
-    uint32_t state[kStates];
-    std::fill(state, state + kStates, kRansLow);
-    uint64_t i = n_symbols;
-    for (size_t si = secs.size(); si-- > 0;) {
-      const CodeSection& s = secs[si];
-      codes.resize(s.n_codes);
-      quant::UnpackCodes(payload + s.offset, s.n_codes, s.bits, codes.data());
-      if (predict_) Predict(codes.data(), s.n_codes, s.n_channel, s.bits);
-      const uint32_t base = tm.context_base[s.context];
-      uint32_t ch = per_channel_ ? (s.n_codes - 1) % s.n_channel : 0;
-      for (uint32_t j = s.n_codes; j-- > 0;) {
-        --i;
-        EncPut(state[i % kStates], ptr, enc[tm.offset[base + ch] + codes[j]]);
-        if (per_channel_) ch = ch == 0 ? s.n_channel - 1 : ch - 1;
+    uint32_t state[kLanes];
+    std::fill(state, state + kLanes, kLow);
+    for (size_t r = runs.size(); r-- > 0;) {
+      const Context& c = runs[r].half ? L.half[runs[r].index] : L.code[L.context_of[runs[r].index]];
+      uint64_t n;
+      if (runs[r].half) {
+        HalfSymbols(c, secs, payload, sym);
+        n = c.n_symbols;
+      } else {
+        CodeSymbols(secs[runs[r].index], payload, flags[L.context_of[runs[r].index]] & kPredicted, sym);
+        n = secs[runs[r].index].n_codes;
+      }
+      for (size_t j = n; j < sym.size(); ++j) sym[j] = likeliest[c.first_table + (c.per_channel ? j % c.n_channel : 0)];
+      uint32_t ch = c.per_channel ? uint32_t((sym.size() - 1) % c.n_channel) : 0;
+      for (size_t j = sym.size(); j-- > 0;) {
+        EncPut(state[j % kLanes], ptr, enc[L.table_offset[c.first_table + ch] + sym[j]]);
+        if (c.per_channel) ch = ch == 0 ? c.n_channel - 1 : ch - 1;
       }
     }
-    // Header, tables, raw bytes, states, stream.
+    // Header, flags, tables, raw bytes, states, stream.
     ByteBuffer* o = out.bytes;
-    Put<uint8_t>(o, 1);
+    Put<uint8_t>(o, kVersion);
     Put<uint8_t>(o, kProbBits);
-    Put<uint8_t>(o, per_channel_ ? 0 : 1);
-    Put<uint8_t>(o, kStates);
-    Put<uint32_t>(o, tm.n_tables);
-    for (uint32_t t = 0; t < tm.n_tables; ++t) {
-      Put<uint8_t>(o, tm.bits[t]);
-      for (uint32_t s = 0; s < (1u << tm.bits[t]); ++s) PutVarint(o, freq[tm.offset[t] + s]);
+    Put<uint8_t>(o, kLanes);
+    Put<uint32_t>(o, uint32_t(L.code.size()));
+    o->insert(o->end(), flags.begin(), flags.end());
+    Put<uint32_t>(o, uint32_t(L.half.size()));
+    o->insert(o->end(), coded.begin(), coded.end());
+    uint32_t n_tables = 0;
+    for (const Context& c : L.code) n_tables += c.n_tables;
+    for (size_t k = 0; k < L.half.size(); ++k) n_tables += coded[k] ? 2 : 0;
+    Put<uint32_t>(o, n_tables);
+    auto put_tables = [&](const Context& c) {
+      for (uint32_t t = c.first_table; t < c.first_table + c.n_tables; ++t) {
+        Put<uint8_t>(o, L.table_bits[t]);
+        PutTable(o, &freq[L.table_offset[t]], 1u << L.table_bits[t]);
+      }
+    };
+    for (const Context& c : L.code) put_tables(c);
+    for (size_t k = 0; k < L.half.size(); ++k) {
+      if (coded[k]) put_tables(L.half[k]);
     }
-    uint64_t raw_len = in.bytes.size();
-    for (const CodeSection& s : secs) raw_len -= quant::PackedBytes(s.n_codes, s.bits);
-    Put<uint64_t>(o, raw_len);
+    // Raw: everything outside the coded sections, in order.
+    const size_t raw_at = o->size();
+    Put<uint64_t>(o, 0);
     uint64_t at = 0;
-    for (const CodeSection& s : secs) {
+    for (size_t i = 0; i < secs.size(); ++i) {
+      const CodeSection& s = secs[i];
+      if (s.kind == Kind::kHalf && !coded[L.context_of[i]]) continue;
       o->insert(o->end(), payload + at, payload + s.offset);
-      at = s.offset + quant::PackedBytes(s.n_codes, s.bits);
+      at = s.offset + SectionBytes(s);
     }
     o->insert(o->end(), payload + at, payload + in.bytes.size());
+    const uint64_t raw_len = o->size() - raw_at - 8;
+    std::memcpy(o->data() + raw_at, &raw_len, 8);
     Put<uint64_t>(o, n_symbols);
-    for (int k = 0; k < kStates; ++k) Put<uint32_t>(o, state[k]);
+    for (int k = 0; k < kLanes; ++k) Put<uint32_t>(o, state[k]);
     const uint64_t stream_len = uint64_t(stream.data() + stream.size() - ptr);
     Put<uint64_t>(o, stream_len);
     o->insert(o->end(), ptr, ptr + stream_len);
@@ -301,142 +479,162 @@ class RansStage final : public Stage {
   Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
     if (ctx.sections == nullptr) return Status::Internal("rans needs the code sections of the previous stage");
     const std::vector<CodeSection>& secs = *ctx.sections;
-    KV_ASSIGN_OR_RETURN(TableMap tm, MapTables(secs, per_channel_));
+    KV_ASSIGN_OR_RETURN(Layout L, MakeLayout(secs));
     Reader r(in.bytes);
     KV_ASSIGN_OR_RETURN(uint8_t version, r.Get<uint8_t>("version"));
     KV_ASSIGN_OR_RETURN(uint8_t prob_bits, r.Get<uint8_t>("prob_bits"));
-    KV_ASSIGN_OR_RETURN(uint8_t mode, r.Get<uint8_t>("tables"));
-    KV_ASSIGN_OR_RETURN(uint8_t n_states, r.Get<uint8_t>("n_states"));
-    KV_ASSIGN_OR_RETURN(uint32_t n_tables, r.Get<uint32_t>("n_tables"));
-    if (version != 1 || prob_bits != kProbBits || mode != (per_channel_ ? 0 : 1) || n_states != kStates ||
-        n_tables != tm.n_tables) {
+    KV_ASSIGN_OR_RETURN(uint8_t lanes, r.Get<uint8_t>("lanes"));
+    KV_ASSIGN_OR_RETURN(uint32_t n_code, r.Get<uint32_t>("code contexts"));
+    if (version != kVersion || prob_bits != kProbBits || lanes != kLanes ||
+        n_code != L.code.size()) {
       return Status::Corrupt("rans header does not match the strategy and shape (version " + std::to_string(version) +
-                             ", " + std::to_string(n_tables) + " tables, expected " + std::to_string(tm.n_tables) + ")");
+                             ", " + std::to_string(n_code) + " code contexts, expected " +
+                             std::to_string(L.code.size()) + ")");
     }
-    // Tables: frequencies must sum to the scale. `start` keeps one extra entry per table (the
-    // scale) so the symbol search needs no bounds test.
-    std::vector<uint16_t> freq(tm.n_entries, 0), start(tm.n_entries + n_tables, 0);
-    std::vector<uint32_t> start_off(n_tables);
-    std::vector<uint16_t> start16(size_t(n_tables) * 16);
-    for (uint32_t t = 0, so = 0; t < n_tables; ++t) {
-      KV_ASSIGN_OR_RETURN(uint8_t bits, r.Get<uint8_t>("table bits"));
-      if (bits != tm.bits[t]) return Status::Corrupt("rans table " + std::to_string(t) + " has " + std::to_string(bits) + " bits");
-      const uint32_t a = 1u << bits;
-      start_off[t] = so;
-      uint32_t sum = 0;
-      for (uint32_t s = 0; s < a; ++s) {
-        KV_ASSIGN_OR_RETURN(uint32_t f, r.Varint("frequency"));
-        if (f > kProbScale) return Status::Corrupt("rans table " + std::to_string(t) + " has a frequency above 2^11");
-        freq[tm.offset[t] + s] = uint16_t(f);
-        start[so + s] = uint16_t(std::min<uint32_t>(sum, kProbScale));
-        sum += f;
+    KV_ASSIGN_OR_RETURN(std::span<const uint8_t> flags, r.Bytes(n_code, "context flags"));
+    KV_ASSIGN_OR_RETURN(uint32_t n_half, r.Get<uint32_t>("metadata contexts"));
+    if (n_half != L.half.size()) {
+      return Status::Corrupt("rans header does not match the strategy and shape (" + std::to_string(n_half) +
+                             " metadata contexts, expected " + std::to_string(L.half.size()) + ")");
+    }
+    KV_ASSIGN_OR_RETURN(std::span<const uint8_t> coded, r.Bytes(n_half, "metadata flags"));
+    for (size_t k = 0; k < n_code; ++k) {
+      // A flag the strategy rules out is as corrupt as an unknown one.
+      const uint8_t f = flags[k];
+      if (f > 3 || (predict_ == Choice::kYes && !(f & kPredicted)) || (predict_ == Choice::kNo && (f & kPredicted)) ||
+          (per_channel_ == Choice::kYes && (f & kShared)) || (per_channel_ == Choice::kNo && !(f & kShared))) {
+        return Status::Corrupt("rans context flag " + std::to_string(f) + " does not fit the strategy");
       }
-      start[so + a] = kProbScale;
-      so += a + 1;
-      if (a <= 16) {
-        std::fill_n(&start16[size_t(t) * 16], 16, uint16_t(0x7fff));
-        std::copy_n(&start[start_off[t]], a, &start16[size_t(t) * 16]);
+      L.code[k].per_channel = !(f & kShared);
+      L.code[k].n_tables = L.code[k].per_channel ? L.code[k].n_channel : 1;
+    }
+    for (uint8_t f : coded) {
+      if (f > 1) return Status::Corrupt("rans metadata flag " + std::to_string(f) + " is not 0 or 1");
+    }
+    uint32_t want_tables = 0;
+    for (const Context& c : L.code) want_tables += c.n_tables;
+    for (uint32_t k = 0; k < n_half; ++k) want_tables += coded[k] ? 2 : 0;
+    KV_ASSIGN_OR_RETURN(uint32_t n_tables, r.Get<uint32_t>("n_tables"));
+    if (n_tables != want_tables) {
+      return Status::Corrupt("rans header does not match the strategy and shape (" + std::to_string(n_tables) +
+                             " tables, expected " + std::to_string(want_tables) + ")");
+    }
+    // Decoder tables: per symbol start | freq << 16.
+    std::vector<uint32_t> entries(L.n_entries, 0);
+    auto read_tables = [&](const Context& c) -> Status {
+      for (uint32_t t = c.first_table; t < c.first_table + c.n_tables; ++t) {
+        KV_ASSIGN_OR_RETURN(uint8_t bits, r.Get<uint8_t>("table bits"));
+        if (bits != L.table_bits[t]) {
+          return Status::Corrupt("rans table " + std::to_string(t) + " has " + std::to_string(bits) + " bits, expected " +
+                                 std::to_string(L.table_bits[t]));
+        }
+        const uint32_t a = 1u << bits;
+        uint32_t* e = &entries[L.table_offset[t]];
+        uint32_t sum = 0;
+        for (uint32_t s = 0; s < a;) {
+          KV_ASSIGN_OR_RETURN(uint32_t f, r.Varint("frequency"));
+          if (f > kProbScale || sum + f > kProbScale) {
+            return Status::Corrupt("rans table " + std::to_string(t) + " frequencies do not sum to 2^12");
+          }
+          e[s++] = sum | f << 16;
+          sum += f;
+          if (f != 0) continue;
+          KV_ASSIGN_OR_RETURN(uint32_t zeros, r.Varint("zero run"));
+          if (zeros > a - s) return Status::Corrupt("rans table " + std::to_string(t) + " has a zero run past its end");
+          for (uint32_t z = 0; z < zeros; ++z) e[s++] = sum;
+        }
+        if (sum != kProbScale) return Status::Corrupt("rans table " + std::to_string(t) + " frequencies do not sum to 2^12");
       }
-      if (sum != kProbScale) return Status::Corrupt("rans table " + std::to_string(t) + " frequencies do not sum to 2^11");
+      return Status::Ok();
+    };
+    for (const Context& c : L.code) KV_RETURN_IF_ERROR(read_tables(c));
+    for (uint32_t k = 0; k < n_half; ++k) {
+      if (coded[k]) KV_RETURN_IF_ERROR(read_tables(L.half[k]));
     }
     KV_ASSIGN_OR_RETURN(uint64_t raw_len, r.Get<uint64_t>("raw_len"));
     KV_ASSIGN_OR_RETURN(std::span<const uint8_t> raw, r.Bytes(raw_len, "raw bytes"));
     KV_ASSIGN_OR_RETURN(uint64_t n_symbols, r.Get<uint64_t>("n_symbols"));
-    uint32_t state[kStates];
-    for (int k = 0; k < kStates; ++k) {
-      KV_ASSIGN_OR_RETURN(state[k], r.Get<uint32_t>("states"));
-      if (state[k] < kRansLow) return Status::Corrupt("rans state below its lower bound");
+    rans::DecoderState st;
+    for (int k = 0; k < kLanes; ++k) {
+      KV_ASSIGN_OR_RETURN(st.x[k], r.Get<uint32_t>("states"));
+      if (st.x[k] < kLow || st.x[k] >= (1u << 31)) return Status::Corrupt("rans state outside its range");
     }
     KV_ASSIGN_OR_RETURN(uint64_t stream_len, r.Get<uint64_t>("stream_len"));
     KV_ASSIGN_OR_RETURN(std::span<const uint8_t> stream, r.Bytes(stream_len, "stream"));
     if (r.remaining() != 0) return Status::Corrupt("rans payload has " + std::to_string(r.remaining()) + " trailing bytes");
-    uint64_t code_bytes = 0, want_symbols = 0, prev_end = 0;
-    for (const CodeSection& s : secs) {
-      if (s.offset < prev_end) return Status::Internal("code sections overlap");
-      prev_end = s.offset + quant::PackedBytes(s.n_codes, s.bits);
-      code_bytes += quant::PackedBytes(s.n_codes, s.bits);
-      want_symbols += s.n_codes;
+    // The output: coded sections, with the raw bytes filling everything between them.
+    uint64_t covered = L.code_bytes, want_symbols = 0;
+    for (uint32_t k = 0; k < n_half; ++k) {
+      if (coded[k]) covered += L.half[k].n_symbols, want_symbols += Padded(L.half[k].n_symbols);
     }
-    if (n_symbols != want_symbols || prev_end > raw_len + code_bytes) {
+    for (const CodeSection& s : secs) want_symbols += s.kind == Kind::kCodes ? Padded(s.n_codes) : 0;
+    if (n_symbols != want_symbols) {
       return Status::Corrupt("rans payload holds " + std::to_string(n_symbols) + " symbols, the shape needs " +
                              std::to_string(want_symbols));
     }
-    if (raw_len + code_bytes > ctx.max_decoded_bytes) return Status::OutOfRange("rans output above the decode limit");
+    const uint64_t total = raw_len + covered;
+    if (total > ctx.max_decoded_bytes) return Status::OutOfRange("rans output above the decode limit");
+    uint64_t need = 0;  // the end of the last coded section must fit in the output
+    for (size_t i = 0; i < secs.size(); ++i) {
+      if (secs[i].kind == Kind::kCodes || coded[L.context_of[i]]) need = secs[i].offset + SectionBytes(secs[i]);
+    }
+    if (need > total) return Status::Corrupt("rans raw bytes are too few for the sections (" + std::to_string(raw_len) + ")");
     ByteBuffer& o = *out.bytes;
-    o.resize(raw_len + code_bytes);
-    // Each symbol reads at most two bytes (11-bit probabilities, 2^23 lower bound), so a group
-    // of four needs at most eight: the hot loop checks bounds once per group.
-    const uint8_t* ptr = stream.data();
-    const uint8_t* const end = stream.data() + stream.size();
-    std::vector<uint8_t> codes;
+    o.resize(total);
+    st.ptr = stream.data();
+    st.end = stream.data() + stream.size();
+    std::vector<uint8_t> sym;
+    auto run_of = [&](const Context& c) {
+      return rans::Run{&entries[L.table_offset[c.first_table]], c.per_channel ? 1u << c.bits : 0, c.n_channel, c.bits};
+    };
+    std::vector<std::vector<uint32_t>> lane_tables(L.code.size());
+    for (size_t k = 0; k < L.code.size(); ++k) lane_tables[k] = rans::LaneTables(run_of(L.code[k]));
+    const std::vector<uint32_t> no_lane_tables;
+    auto decode = [&](const Context& c, const std::vector<uint32_t>& lanes, uint64_t n) -> Status {
+      sym.resize(Padded(n));
+      if (!rans::DecodeRun(st, run_of(c), lanes, uint32_t(sym.size()), sym.data())) {
+        return Status::Corrupt("rans stream ends early");
+      }
+      return Status::Ok();
+    };
+    for (uint32_t k = 0; k < n_half; ++k) {
+      if (!coded[k]) continue;
+      KV_RETURN_IF_ERROR(decode(L.half[k], no_lane_tables, L.half[k].n_symbols));
+      size_t at = 0;
+      for (uint32_t i : L.half[k].sections) {
+        std::memcpy(o.data() + secs[i].offset, sym.data() + at, SectionBytes(secs[i]));
+        at += SectionBytes(secs[i]);
+      }
+    }
     uint64_t at = 0, raw_at = 0;
-    uint32_t x0 = state[0], x1 = state[1], x2 = state[2], x3 = state[3];
-    auto renorm = [&ptr](uint32_t& x) {
-      while (x < kRansLow) x = (x << 8) | *ptr++;
-    };
-    bool overrun = false;
-    auto renorm_checked = [&](uint32_t& x) {
-      while (x < kRansLow) {
-        if (ptr == end) {
-          overrun = true;
-          return;
-        }
-        x = (x << 8) | *ptr++;
-      }
-    };
-    for (const CodeSection& s : secs) {
-      const uint64_t gap = s.offset - at;
-      std::memcpy(o.data() + at, raw.data() + raw_at, gap);
-      raw_at += gap;
-      codes.resize(s.n_codes);
-      const uint32_t base = tm.context_base[s.context];
-      // n_codes is a multiple of 8, so every section starts on state 0 and fills groups of four.
-      uint32_t ch = 0;
-      auto table = [&]() {
-        const uint32_t t = base + (per_channel_ ? ch : 0);
-        if (++ch == s.n_channel) ch = 0;
-        return t;
-      };
-      auto decode_one = [&](uint32_t& x, uint32_t t) -> uint8_t {
-        const uint32_t slot = x & (kProbScale - 1);
-        const uint16_t* st = &start[start_off[t]];
-        const uint32_t sym = s.bits <= 4 ? FindSymbol16(&start16[size_t(t) * 16], slot) : FindSymbol(st, 1u << s.bits, slot);
-        x = freq[tm.offset[t] + sym] * (x >> kProbBits) + slot - st[sym];
-        return uint8_t(sym);
-      };
-      for (uint32_t j = 0; j < s.n_codes; j += 4) {
-        const uint32_t t0 = table(), t1 = table(), t2 = table(), t3 = table();
-        codes[j] = decode_one(x0, t0);
-        codes[j + 1] = decode_one(x1, t1);
-        codes[j + 2] = decode_one(x2, t2);
-        codes[j + 3] = decode_one(x3, t3);
-        if (end - ptr >= 8) {
-          renorm(x0), renorm(x1), renorm(x2), renorm(x3);
-        } else {
-          renorm_checked(x0), renorm_checked(x1), renorm_checked(x2), renorm_checked(x3);
-          if (overrun) return Status::Corrupt("rans stream ends early");
-        }
-      }
-      if (predict_) Unpredict(codes.data(), s.n_codes, s.n_channel, s.bits);
-      quant::PackCodes(codes.data(), s.n_codes, s.bits, o.data() + s.offset);
-      at = s.offset + quant::PackedBytes(s.n_codes, s.bits);
+    for (size_t i = 0; i < secs.size(); ++i) {
+      const CodeSection& s = secs[i];
+      if (s.kind == Kind::kHalf && !coded[L.context_of[i]]) continue;
+      std::memcpy(o.data() + at, raw.data() + raw_at, s.offset - at);
+      raw_at += s.offset - at;
+      at = s.offset + SectionBytes(s);
+      if (s.kind == Kind::kHalf) continue;
+      KV_RETURN_IF_ERROR(decode(L.code[L.context_of[i]], lane_tables[L.context_of[i]], s.n_codes));
+      if (flags[L.context_of[i]] & kPredicted) Unpredict(sym.data(), s.n_codes, s.n_channel, s.bits);
+      quant::PackCodes(sym.data(), s.n_codes, s.bits, o.data() + s.offset);
     }
-    state[0] = x0, state[1] = x1, state[2] = x2, state[3] = x3;
     std::memcpy(o.data() + at, raw.data() + raw_at, raw_len - raw_at);
-    for (int k = 0; k < kStates; ++k) {
-      if (state[k] != kRansLow) return Status::Corrupt("rans stream is corrupt (a final state is off)");
+    for (int k = 0; k < kLanes; ++k) {
+      if (st.x[k] != kLow) return Status::Corrupt("rans stream is corrupt (a final state is off)");
     }
-    static_assert(kStates == 4, "the decode loop is unrolled for four states");
-    if (ptr != end) return Status::Corrupt("rans stream has unread bytes");
+    if (st.ptr != st.end) return Status::Corrupt("rans stream has unread bytes");
     return Status::Ok();
   }
 
  private:
-  bool per_channel_, predict_;
+  Choice per_channel_, predict_;
 };
 
 Result<std::unique_ptr<Stage>> MakeRans(const StageSpec& spec) {
-  return std::unique_ptr<Stage>(new RansStage(spec.Get("tables") == "channel", spec.Get("predict") == "token"));
+  const std::string& t = spec.Get("tables");
+  const std::string& p = spec.Get("predict");
+  return std::unique_ptr<Stage>(new RansStage(t == "channel" ? Choice::kYes : t == "part" ? Choice::kNo : Choice::kAuto,
+                                              p == "token" ? Choice::kYes : p == "none" ? Choice::kNo : Choice::kAuto));
 }
 
 }  // namespace
@@ -444,14 +642,16 @@ Result<std::unique_ptr<Stage>> MakeRans(const StageSpec& spec) {
 StageRegistration RansStageRegistration() {
   StageInfo info;
   info.name = "rans";
-  info.summary = "static rANS over quantisation codes, frequency tables per channel or per layer/part";
+  info.summary = "static rANS over quantisation codes and their fp16 ranges, tables per channel or per layer/part";
   info.input = DataKind::kSymbols;
   info.output = DataKind::kBytes;
   info.lossless = true;
-  info.params = {{"tables", ParamSpec::Type::kEnum, 0, 0, {"channel", "part"}, "channel",
-                  "one frequency table per (layer, K/V, channel), or per (layer, K/V)"},
-                 {"predict", ParamSpec::Type::kEnum, 0, 0, {"token", "none"}, "token",
-                  "code each value as its difference from the same channel one token earlier"}};
+  info.params = {{"tables", ParamSpec::Type::kEnum, 0, 0, {"auto", "channel", "part"}, "auto",
+                  "one frequency table per (layer, K/V, channel), or per (layer, K/V) (auto: per layer and K/V, "
+                  "whichever is smaller with the tables' bytes)"},
+                 {"predict", ParamSpec::Type::kEnum, 0, 0, {"auto", "token", "none"}, "auto",
+                  "code each value as its difference from the same channel one token earlier (auto: per "
+                  "layer and K/V, where that is smaller)"}};
   return {info, &MakeRans};
 }
 

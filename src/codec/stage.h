@@ -19,12 +19,19 @@ namespace kvserve {
 // codes (a multiple of 8) of `bits` bits, bit-planed as quant_kernels.h describes, from byte
 // `offset`. Code j of the section belongs to channel j % n_channel; `context` groups sections
 // that share statistics (one per layer and K/V part).
+//
+// A kHalf section instead marks `n_codes` fp16 values of quantisation metadata (ranges,
+// scales) at `offset`; `bits` is 16, `n_channel` 1, and its `context` numbers the kind of value
+// (say, layer 3's K minima) in a space of its own. Entropy coders model them separately from
+// the codes; bytes outside every section pass through unchanged.
 struct CodeSection {
+  enum class Kind : uint8_t { kCodes, kHalf };
   uint64_t offset = 0;
   uint32_t n_codes = 0;
   uint8_t bits = 0;
   uint32_t n_channel = 1;
   uint32_t context = 0;
+  Kind kind = Kind::kCodes;
 };
 
 struct StageContext {

@@ -18,7 +18,8 @@ std::span<const uint8_t> Payload(const ByteBuffer& f) { return ParseFrame(f).val
 TEST(RansStage, DecodesToTheExactQuantPayload) {
   KvBlock in = SynthesizeKv(KvShape{2, 2, 90, 16}, {.seed = 21}).value();
   for (int bits = 1; bits <= 8; ++bits) {
-    for (const char* opts : {"tables=channel,predict=token", "tables=part,predict=none", "tables=channel,predict=none"}) {
+    for (const char* opts : {"tables=channel,predict=token", "tables=part,predict=none", "tables=channel,predict=none",
+                             "tables=auto,predict=auto", "tables=part,predict=token"}) {
       const std::string q = "quant(kbits=" + std::to_string(bits) + ",vbits=" + std::to_string(9 - bits) + ",residual=5)";
       const std::string spec = q + "|rans(" + opts + ")";
       ByteBuffer plain = EncodeKv(in, q).value();
@@ -43,6 +44,22 @@ TEST(RansStage, BeatsZstdOnPredictableCodes) {
   EXPECT_LT(double(rans), 0.9 * double(plain));
 }
 
+TEST(RansStage, CodesMetadataOfLargeBlocksAndRoundTrips) {
+  // Big enough that the fp16 ranges pay for their tables: every metadata context is coded.
+  KvBlock in = SynthesizeKv(KvShape{2, 2, 512, 64}, {.seed = 9}).value();
+  ByteBuffer coded = EncodeKv(in, "quant(kbits=4,vbits=4)|rans").value();
+  const auto p = Payload(coded);
+  uint32_t n_code, n_half;
+  std::memcpy(&n_code, p.data() + 3, 4);
+  std::memcpy(&n_half, p.data() + 7 + n_code, 4);
+  ASSERT_EQ(n_half, 8u);
+  for (uint32_t k = 0; k < n_half; ++k) EXPECT_EQ(p[11 + n_code + k], 1) << "metadata context " << k;
+  KvBlock a, b;
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "quant(kbits=4,vbits=4)").value(), &a).ok());
+  ASSERT_TRUE(DecodeKv(coded, &b).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0);
+}
+
 class RansCorruption : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -61,14 +78,26 @@ class RansCorruption : public ::testing::Test {
 };
 
 TEST_F(RansCorruption, TableStreamAndHeaderErrorsAreClear) {
-  // Byte 8 onwards is table 0: 1 byte of bits, then 16 varint frequencies.
-  Status st = DecodeWith(9, 0x01);
+  // Layout: 3 header bytes, u32 code contexts and their flags, u32 metadata contexts and
+  // theirs, u32 table count, then table 0: 1 byte of bits, then varint frequencies.
+  const auto p = Payload(frame_);
+  uint32_t n_code, n_half;
+  std::memcpy(&n_code, p.data() + 3, 4);
+  ASSERT_EQ(n_code, 2u);  // K and V of one layer
+  std::memcpy(&n_half, p.data() + 7 + n_code, 4);
+  ASSERT_EQ(n_half, 4u);  // their minima and steps
+  const size_t table0 = 7 + n_code + 4 + n_half + 4;
+  Status st = DecodeWith(table0 + 1, 0x01);
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
-  EXPECT_NE(st.message().find("frequencies do not sum"), std::string::npos) << st.message();
-  st = DecodeWith(8, 0x02);
+  EXPECT_NE(st.message().find("rans table 0"), std::string::npos) << st.message();
+  st = DecodeWith(table0, 0x02);
   EXPECT_NE(st.message().find("bits"), std::string::npos) << st.message();
-  st = DecodeWith(4, 0x01);  // table count
+  st = DecodeWith(3, 0x01);  // code context count
   EXPECT_NE(st.message().find("does not match"), std::string::npos) << st.message();
+  st = DecodeWith(7, 0x04);  // a context flag that does not exist
+  EXPECT_NE(st.message().find("does not fit the strategy"), std::string::npos) << st.message();
+  st = DecodeWith(table0 - 4, 0x01);  // table count
+  EXPECT_NE(st.message().find("tables, expected"), std::string::npos) << st.message();
   // Every byte of the last 200 (the rANS stream): a clear error or, rarely, a frame whose
   // stream still decodes consistently — never a crash or a silent misread of the states.
   const size_t len = Payload(frame_).size();

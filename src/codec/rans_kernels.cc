@@ -1,0 +1,190 @@
+// rANS decode loops: a plain scalar reference and an AVX-512 version that decodes two vectors of
+// 16 states per step (table lookups by gather, renormalisation by expand-load).
+#include "codec/rans_kernels.h"
+
+#include <bit>
+#include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define KVSERVE_RANS_AVX512 1
+#endif
+
+namespace kvserve::rans {
+namespace {
+
+// Largest symbol whose start is <= slot. Symbols of zero frequency share their start with the
+// next symbol, so the search never ends on one; no sentinel is needed since slot < scale.
+inline uint32_t FindSymbol(const uint32_t* table, int bits, uint32_t slot) {
+  uint32_t s = 0;
+  for (uint32_t step = (1u << bits) >> 1; step; step >>= 1) {
+    if ((table[s + step] & 0xffff) <= slot) s += step;
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<uint32_t> LaneTables(const Run& r) {
+  const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel;
+  if (r.bits > 4 || (16 % C != 0 && C % 16 != 0)) return {};
+  const uint32_t A = 1u << r.bits, n_block = C % 16 == 0 ? C / 16 : 1;
+  std::vector<uint32_t> t(size_t(n_block) * A * 16);
+  for (uint32_t b = 0; b < n_block; ++b) {
+    for (uint32_t l = 0; l < 16; ++l) {
+      const uint32_t* table = r.entries + size_t((b * 16 + l) % C) * r.table_stride;
+      for (uint32_t s = 0; s < A; ++s) {
+        // Trailing symbols of zero frequency start at the scale, which does not fit 12 bits:
+        // they must never match, and all ones never does.
+        const uint32_t start = table[s] & 0xffff;
+        t[(size_t(b) * A + s) * 16 + l] = start >= kProbScale ? ~0u : start << 20 | (table[s] >> 16) << 7 | s;
+      }
+    }
+  }
+  return t;
+}
+
+bool DecodeRunScalar(DecoderState& st, const Run& r, uint32_t begin, uint32_t n, uint8_t* out) {
+  for (uint32_t j = begin; j < n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const uint32_t* table = r.entries + size_t((j + l) % r.n_channel) * r.table_stride;
+      uint32_t& x = st.x[l];
+      const uint32_t slot = x & (kProbScale - 1);
+      const uint32_t s = FindSymbol(table, r.bits, slot);
+      const uint32_t e = table[s];
+      x = (e >> 16) * (x >> kProbBits) + slot - (e & 0xffff);
+      out[j + l] = uint8_t(s);
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      if (st.x[l] >= kLow) continue;
+      if (st.end - st.ptr < 2) return false;
+      uint16_t w;
+      std::memcpy(&w, st.ptr, 2);
+      st.ptr += 2;
+      st.x[l] = (st.x[l] << 16) | w;
+    }
+  }
+  return true;
+}
+
+#if KVSERVE_RANS_AVX512
+bool HaveSimdDecoder() { return true; }
+
+namespace {
+
+// Compare-scan decode over lane tables (see LaneTables).
+bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, uint32_t n, uint8_t* out) {
+  const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel, A = 1u << r.bits;
+  const bool blocks = C % 16 == 0;
+  __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
+  const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1), low = _mm512_set1_epi32(kLow);
+  // Low bits of the key: above every entry's freq << 7 | s (at most 0x8007f), and below the
+  // all-ones of a never-matching entry even when slot is 4095.
+  const __m512i below = _mm512_set1_epi32((1 << 20) - 2), freq_mask = _mm512_set1_epi32(0x1fff);
+  const __m512i sym_mask = _mm512_set1_epi32(0x7f);
+  const uint8_t* ptr = st.ptr;
+  uint32_t j = 0, ch = 0;  // ch: channel of lane 0 (a multiple of 16 when blocks)
+  for (; j < n && st.end - ptr >= 2 * kLanes; j += kLanes) {
+    const uint32_t ch1 = blocks ? (ch + 16 == C ? 0 : ch + 16) : 0;
+    const uint32_t* t0 = lane_tables + (blocks ? size_t(ch / 16) * A * 16 : 0);
+    const uint32_t* t1 = lane_tables + (blocks ? size_t(ch1 / 16) * A * 16 : 0);
+    const __m512i s0 = _mm512_and_si512(x0, slot_mask), s1 = _mm512_and_si512(x1, slot_mask);
+    // An entry is <= key exactly when its start is <= slot.
+    const __m512i k0 = _mm512_or_si512(_mm512_slli_epi32(s0, 20), below);
+    const __m512i k1 = _mm512_or_si512(_mm512_slli_epi32(s1, 20), below);
+    __m512i e0 = _mm512_loadu_si512(t0), e1 = _mm512_loadu_si512(t1);
+    for (uint32_t s = 1; s < A; ++s) {
+      const __m512i v0 = _mm512_loadu_si512(t0 + s * 16), v1 = _mm512_loadu_si512(t1 + s * 16);
+      e0 = _mm512_mask_mov_epi32(e0, _mm512_cmple_epu32_mask(v0, k0), v0);
+      e1 = _mm512_mask_mov_epi32(e1, _mm512_cmple_epu32_mask(v1, k1), v1);
+    }
+    x0 = _mm512_add_epi32(
+        _mm512_mullo_epi32(_mm512_and_si512(_mm512_srli_epi32(e0, 7), freq_mask), _mm512_srli_epi32(x0, kProbBits)),
+        _mm512_sub_epi32(s0, _mm512_srli_epi32(e0, 20)));
+    x1 = _mm512_add_epi32(
+        _mm512_mullo_epi32(_mm512_and_si512(_mm512_srli_epi32(e1, 7), freq_mask), _mm512_srli_epi32(x1, kProbBits)),
+        _mm512_sub_epi32(s1, _mm512_srli_epi32(e1, 20)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm512_cvtepi32_epi8(_mm512_and_si512(e0, sym_mask)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 16), _mm512_cvtepi32_epi8(_mm512_and_si512(e1, sym_mask)));
+    const __mmask16 m0 = _mm512_cmplt_epu32_mask(x0, low);
+    const __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr)));
+    x0 = _mm512_mask_or_epi32(x0, m0, _mm512_slli_epi32(x0, 16), _mm512_maskz_expand_epi32(m0, w0));
+    ptr += 2 * std::popcount(unsigned(m0));
+    const __mmask16 m1 = _mm512_cmplt_epu32_mask(x1, low);
+    const __m512i w1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr)));
+    x1 = _mm512_mask_or_epi32(x1, m1, _mm512_slli_epi32(x1, 16), _mm512_maskz_expand_epi32(m1, w1));
+    ptr += 2 * std::popcount(unsigned(m1));
+    if (blocks) ch = ch1 + 16 == C ? 0 : ch1 + 16;
+  }
+  _mm512_storeu_si512(st.x, x0);
+  _mm512_storeu_si512(st.x + 16, x1);
+  st.ptr = ptr;
+  return j >= n || DecodeRunScalar(st, r, j, n, out);
+}
+
+}  // namespace
+
+bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables, uint32_t n, uint8_t* out) {
+  if (!lane_tables.empty()) return DecodeRunScan(st, r, lane_tables.data(), n, out);
+  const uint32_t C = r.n_channel;
+  alignas(64) uint32_t ch_init[kLanes];
+  for (int l = 0; l < kLanes; ++l) ch_init[l] = uint32_t(l) % C;
+  __m512i ch0 = _mm512_load_si512(ch_init), ch1 = _mm512_load_si512(ch_init + 16);
+  const __m512i advance = _mm512_set1_epi32(int(kLanes % C)), n_channel = _mm512_set1_epi32(int(C));
+  const __m512i stride = _mm512_set1_epi32(int(r.table_stride));
+  const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1), lo16 = _mm512_set1_epi32(0xffff);
+  const __m512i low = _mm512_set1_epi32(kLow);
+  __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
+  const uint8_t* ptr = st.ptr;
+  const int* entries = reinterpret_cast<const int*>(r.entries);
+  const uint32_t half = (1u << r.bits) >> 1;
+  uint32_t j = 0;
+  // Each group reads at most 2 bytes per state: 64 bytes left means no bounds test inside.
+  for (; j < n && st.end - ptr >= 2 * kLanes; j += kLanes) {
+    const __m512i b0 = _mm512_mullo_epi32(ch0, stride), b1 = _mm512_mullo_epi32(ch1, stride);
+    const __m512i s0 = _mm512_and_si512(x0, slot_mask), s1 = _mm512_and_si512(x1, slot_mask);
+    __m512i y0 = _mm512_setzero_si512(), y1 = _mm512_setzero_si512();
+    for (uint32_t step = half; step; step >>= 1) {
+      const __m512i inc = _mm512_set1_epi32(int(step));
+      const __m512i c0 = _mm512_add_epi32(y0, inc), c1 = _mm512_add_epi32(y1, inc);
+      const __m512i e0 = _mm512_i32gather_epi32(_mm512_add_epi32(b0, c0), entries, 4);
+      const __m512i e1 = _mm512_i32gather_epi32(_mm512_add_epi32(b1, c1), entries, 4);
+      y0 = _mm512_mask_mov_epi32(y0, _mm512_cmple_epu32_mask(_mm512_and_si512(e0, lo16), s0), c0);
+      y1 = _mm512_mask_mov_epi32(y1, _mm512_cmple_epu32_mask(_mm512_and_si512(e1, lo16), s1), c1);
+    }
+    const __m512i e0 = _mm512_i32gather_epi32(_mm512_add_epi32(b0, y0), entries, 4);
+    const __m512i e1 = _mm512_i32gather_epi32(_mm512_add_epi32(b1, y1), entries, 4);
+    x0 = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(e0, 16), _mm512_srli_epi32(x0, kProbBits)),
+                          _mm512_sub_epi32(s0, _mm512_and_si512(e0, lo16)));
+    x1 = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(e1, 16), _mm512_srli_epi32(x1, kProbBits)),
+                          _mm512_sub_epi32(s1, _mm512_and_si512(e1, lo16)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm512_cvtepi32_epi8(y0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 16), _mm512_cvtepi32_epi8(y1));
+    // Renormalise: the states below kLow take the next words, in lane order.
+    const __mmask16 m0 = _mm512_cmplt_epu32_mask(x0, low);
+    const __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr)));
+    x0 = _mm512_mask_or_epi32(x0, m0, _mm512_slli_epi32(x0, 16), _mm512_maskz_expand_epi32(m0, w0));
+    ptr += 2 * std::popcount(unsigned(m0));
+    const __mmask16 m1 = _mm512_cmplt_epu32_mask(x1, low);
+    const __m512i w1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr)));
+    x1 = _mm512_mask_or_epi32(x1, m1, _mm512_slli_epi32(x1, 16), _mm512_maskz_expand_epi32(m1, w1));
+    ptr += 2 * std::popcount(unsigned(m1));
+    ch0 = _mm512_add_epi32(ch0, advance);
+    ch0 = _mm512_mask_sub_epi32(ch0, _mm512_cmpge_epu32_mask(ch0, n_channel), ch0, n_channel);
+    ch1 = _mm512_add_epi32(ch1, advance);
+    ch1 = _mm512_mask_sub_epi32(ch1, _mm512_cmpge_epu32_mask(ch1, n_channel), ch1, n_channel);
+  }
+  _mm512_storeu_si512(st.x, x0);
+  _mm512_storeu_si512(st.x + 16, x1);
+  st.ptr = ptr;
+  return j >= n || DecodeRunScalar(st, r, j, n, out);
+}
+#else
+bool HaveSimdDecoder() { return false; }
+
+bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>&, uint32_t n, uint8_t* out) {
+  return DecodeRunScalar(st, r, 0, n, out);
+}
+#endif
+
+}  // namespace kvserve::rans

@@ -1,0 +1,51 @@
+// rANS decoding kernels for the `rans` stage: 32 interleaved states with 16-bit renormalisation,
+// laid out so AVX-512 decodes 16 states per vector while the scalar reference reads the same stream.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kvserve::rans {
+
+constexpr int kLanes = 32;
+constexpr uint32_t kProbBits = 12;
+constexpr uint32_t kProbScale = 1u << kProbBits;
+// States live in [kLow, 2^31): below 2^31 the encoder's reciprocal division is exact, and one
+// 16-bit word always brings a decoded state back above kLow (12-bit probabilities).
+constexpr uint32_t kLow = 1u << 15;
+
+// A run of symbols (a multiple of kLanes long): symbol j is decoded by state j % kLanes with the
+// table of channel j % n_channel, which starts at entries + (j % n_channel) * table_stride
+// (stride 0: one table for every channel) and has 1 << bits entries, each start | freq << 16.
+struct Run {
+  const uint32_t* entries = nullptr;
+  uint32_t table_stride = 0;
+  uint32_t n_channel = 1;
+  int bits = 8;
+};
+
+// After each group of kLanes symbols, the states below kLow read one little-endian word each,
+// in lane order.
+struct DecoderState {
+  uint32_t x[kLanes];
+  const uint8_t* ptr = nullptr;
+  const uint8_t* end = nullptr;
+};
+
+// Decodes symbols [begin, n) of a run into out[begin, n); false if the stream ends early.
+bool DecodeRunScalar(DecoderState& st, const Run& run, uint32_t begin, uint32_t n, uint8_t* out);
+
+// For runs of small alphabets (bits <= 4) whose channels line up with 16-lane vectors (n_channel
+// divides 16 or is a multiple of it, or one table for all): the tables rearranged so that one
+// vector load gives symbol s's entry for 16 lanes, packed start << 20 | freq << 7 | s. The
+// decoder then finds each lane's symbol with 2^bits compares instead of dependent gathers.
+// Empty when the run does not qualify.
+std::vector<uint32_t> LaneTables(const Run& run);
+
+// The same decode with the widest SIMD this build has (AVX-512: compares over `lane_tables`
+// where given, else a binary search by gathers), falling back to the scalar loop for the last
+// groups near the end of the stream.
+bool DecodeRun(DecoderState& st, const Run& run, const std::vector<uint32_t>& lane_tables, uint32_t n, uint8_t* out);
+bool HaveSimdDecoder();
+
+}  // namespace kvserve::rans

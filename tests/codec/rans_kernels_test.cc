@@ -1,0 +1,100 @@
+// rANS decode kernels: the SIMD paths (compare-scan over lane tables, gather search) against the
+// scalar reference, on random tables and streams, for every alphabet size and channel layout.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "codec/rans_kernels.h"
+
+namespace kvserve::rans {
+namespace {
+
+// Random normalised tables: some symbols absent (leading, inner and trailing), some tables a
+// single symbol.
+std::vector<uint32_t> RandomTables(std::mt19937& rng, uint32_t n_tables, int bits) {
+  const uint32_t A = 1u << bits;
+  std::vector<uint32_t> entries(size_t(n_tables) * A);
+  for (uint32_t t = 0; t < n_tables; ++t) {
+    std::vector<uint32_t> w(A);
+    const int kind = int(rng() % 4);
+    for (uint32_t s = 0; s < A; ++s) w[s] = kind == 0 ? (s == rng() % A) : (rng() % 3 == 0 ? 0 : rng() % 1000);
+    if (kind == 1) std::fill(w.begin() + A / 2, w.end(), 0);  // trailing zeros start at the scale
+    uint64_t total = 0;
+    for (uint32_t v : w) total += v;
+    if (total == 0) w[rng() % A] = 1, total = 1;
+    std::vector<uint32_t> f(A);
+    uint32_t sum = 0, big = 0;
+    for (uint32_t s = 0; s < A; ++s) {
+      f[s] = w[s] ? std::max<uint32_t>(1, uint32_t(uint64_t(w[s]) * kProbScale / total)) : 0;
+      sum += f[s];
+      if (f[s] > f[big]) big = s;
+    }
+    while (sum > kProbScale) {
+      const uint32_t take = std::min(sum - kProbScale, f[big] - 1);
+      f[big] -= take, sum -= take;
+      for (uint32_t s = 0; s < A; ++s) if (f[s] > f[big]) big = s;
+    }
+    f[big] += kProbScale - sum;
+    for (uint32_t s = 0, start = 0; s < A; start += f[s], ++s) entries[size_t(t) * A + s] = start | f[s] << 16;
+  }
+  return entries;
+}
+
+TEST(RansKernels, SimdDecodeMatchesScalar) {
+  std::mt19937 rng(7);
+  for (int bits = 1; bits <= 8; ++bits) {
+    for (uint32_t channels : {1u, 2u, 8u, 16u, 24u, 32u, 48u, 128u}) {
+      for (bool per_channel : {true, false}) {
+        const std::vector<uint32_t> entries = RandomTables(rng, per_channel ? channels : 1, bits);
+        const rans::Run run{entries.data(), per_channel ? 1u << bits : 0, channels, bits};
+        const uint32_t n = kLanes * (40 + rng() % 20);
+        std::vector<uint8_t> stream(n * 2 + 100);
+        for (auto& b : stream) b = uint8_t(rng());
+        DecoderState a, b;
+        for (int l = 0; l < kLanes; ++l) a.x[l] = kLow + rng() % ((1u << 31) - kLow);
+        std::memcpy(b.x, a.x, sizeof(a.x));
+        a.ptr = b.ptr = stream.data();
+        a.end = b.end = stream.data() + stream.size();
+        std::vector<uint8_t> out_a(n), out_b(n);
+        const bool ok_a = DecodeRunScalar(a, run, 0, n, out_a.data());
+        const bool ok_b = DecodeRun(b, run, LaneTables(run), n, out_b.data());
+        const std::string what = "bits " + std::to_string(bits) + " channels " + std::to_string(channels) +
+                                 (per_channel ? " per channel" : " shared");
+        ASSERT_EQ(ok_a, ok_b) << what;
+        ASSERT_EQ(out_a, out_b) << what;
+        ASSERT_EQ(a.ptr, b.ptr) << what;
+        ASSERT_EQ(std::memcmp(a.x, b.x, sizeof(a.x)), 0) << what;
+        for (uint32_t j = 0; j < n; ++j) {  // and only symbols the tables can produce
+          const uint32_t* t = entries.data() + (per_channel ? size_t(j % channels) << bits : 0);
+          ASSERT_NE(t[out_a[j]] >> 16, 0u) << what << " symbol " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(RansKernels, LaneTablesOnlyForAlignedSmallAlphabets) {
+  std::vector<uint32_t> e(48 << 4, 0);
+  EXPECT_FALSE(LaneTables(rans::Run{e.data(), 16, 16, 4}).empty());
+  EXPECT_FALSE(LaneTables(rans::Run{e.data(), 16, 48, 4}).empty());
+  EXPECT_FALSE(LaneTables(rans::Run{e.data(), 16, 8, 4}).empty());
+  EXPECT_FALSE(LaneTables(rans::Run{e.data(), 0, 24, 4}).empty());  // one table for all lanes
+  EXPECT_TRUE(LaneTables(rans::Run{e.data(), 16, 24, 4}).empty());
+  EXPECT_TRUE(LaneTables(rans::Run{e.data(), 32, 16, 5}).empty());
+}
+
+TEST(RansKernels, TruncatedStreamIsReported) {
+  std::mt19937 rng(3);
+  const std::vector<uint32_t> entries = RandomTables(rng, 1, 4);
+  const rans::Run run{entries.data(), 0, 1, 4};
+  std::vector<uint8_t> stream(10, 0), out(kLanes * 64);
+  DecoderState st;
+  for (int l = 0; l < kLanes; ++l) st.x[l] = kLow;
+  st.ptr = stream.data();
+  st.end = stream.data() + stream.size();
+  EXPECT_FALSE(DecodeRun(st, run, LaneTables(run), uint32_t(out.size()), out.data()));
+}
+
+}  // namespace
+}  // namespace kvserve::rans
