@@ -2,9 +2,12 @@
 // The whole-pipeline comparison with memcpy and zstd is `kvserve codec bench`.
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <cstring>
+#include <random>
 
 #include "codec/quant_kernels.h"
+#include "codec/rans_kernels.h"
 #include "kvserve/codec.h"
 #include "kvserve/codec_bench.h"
 
@@ -55,6 +58,46 @@ BENCHMARK_CAPTURE(BM_Encode, quant2, "quant(kbits=2,vbits=2)")->Unit(benchmark::
 BENCHMARK_CAPTURE(BM_Decode, quant2, "quant(kbits=2,vbits=2)")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Encode, quant3, "quant(kbits=3,vbits=3)")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Decode, quant3, "quant(kbits=3,vbits=3)")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Encode, quant4_rans, "quant(kbits=4,vbits=4)|rans")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Decode, quant4_rans, "quant(kbits=4,vbits=4)|rans")->Unit(benchmark::kMillisecond);
+
+// The rANS decode loop alone, per symbol: scalar reference (arg 0) against the SIMD kernel
+// (arg 1), 128 channels with a table each of 2^bits symbols shaped like quantisation codes
+// (a discretised Gaussian). The stream is random bytes: decoding costs the same either way.
+void BM_RansDecodeRun(benchmark::State& state) {
+  const bool simd = state.range(0) != 0;
+  const int bits = int(state.range(1));
+  const uint32_t A = 1u << bits, C = 128, n = 1u << 20;
+  std::vector<uint32_t> entries(size_t(C) * A);
+  for (uint32_t ch = 0; ch < C; ++ch) {
+    std::vector<double> p(A);
+    double total = 0;
+    for (uint32_t s = 0; s < A; ++s) total += p[s] = std::exp(-0.5 * std::pow((s - A / 2.0) / (A / 5.0 + ch % 3), 2));
+    uint32_t start = 0;
+    for (uint32_t s = 0; s < A; ++s) {
+      const uint32_t f = s + 1 == A ? rans::kProbScale - start
+                                    : std::max<uint32_t>(1, uint32_t(p[s] / total * (rans::kProbScale - A)));
+      entries[size_t(ch) * A + s] = start | f << 16;
+      start += f;
+    }
+  }
+  const rans::Run run{entries.data(), A, C, bits};
+  const std::vector<uint32_t> lanes = simd ? rans::LaneTables(run) : std::vector<uint32_t>{};
+  std::vector<uint8_t> stream(size_t(n) * 2 + 64), out(n);
+  std::mt19937 rng(1);
+  for (auto& b : stream) b = uint8_t(rng());
+  for (auto _ : state) {
+    rans::DecoderState st;
+    for (int l = 0; l < rans::kLanes; ++l) st.x[l] = rans::kLow + uint32_t(l);
+    st.ptr = stream.data();
+    st.end = stream.data() + stream.size();
+    const bool ok = simd ? rans::DecodeRun(st, run, lanes, n, out.data()) : rans::DecodeRunScalar(st, run, 0, n, out.data());
+    if (!ok) state.SkipWithError("stream ran out");
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * n);
+}
+BENCHMARK(BM_RansDecodeRun)->ArgsProduct({{0, 1}, {2, 4, 8}})->Unit(benchmark::kMillisecond);
 
 void BM_Pack(benchmark::State& state) {
   const int bits = static_cast<int>(state.range(0));

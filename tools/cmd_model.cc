@@ -1,6 +1,7 @@
 // CLI: `generate`, `kv capture`, `eval`, `model info|heads` — the reference model and the
 // quality evaluator.
 #include <cstdio>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -88,6 +89,31 @@ Status RunMixHqStudy(const ModelFlags& mf, const EvalFlags& ef, double lo_frac, 
   std::vector<HeadScore> inverted = sensitivity;
   for (auto& h : inverted) h.retrieval = -h.retrieval;
   KV_RETURN_IF_ERROR(run("least sensitive fine", "control", MixHqSpecFromScores(inverted, hk, lo_frac)));
+  // The bit-budget solver: limits per (layer, K/V, head) from measured slab sensitivities, at
+  // several average code widths; controls at 3.5 bits: equal weights, the same weights shuffled
+  // across slabs, and the retrieval score as the weight.
+  const size_t n_slab = size_t(m.config.n_layer) * 2 * hk;
+  Progress pss("slab sensitivity", n_slab);
+  constexpr int kProbe = 3;
+  KV_ASSIGN_OR_RETURN(std::vector<double> weight,
+                      SlabSensitivities(*ev, kProbe, 63, "|rans", [&](uint64_t d, uint64_t) { pss.Update(d); }));
+  pss.Done();
+  for (double bits : {3.0, 3.5, 4.0, 4.5}) {
+    char name[64];
+    std::snprintf(name, sizeof name, "solver %.1f bits", bits);
+    KV_RETURN_IF_ERROR(run(name, "solver", MixHqLevelsSpec(AllocateMixHqLevels(weight, kProbe, bits))));
+  }
+  KV_RETURN_IF_ERROR(run("solver, equal weights", "control",
+                         MixHqLevelsSpec(AllocateMixHqLevels(std::vector<double>(n_slab, 1.0), kProbe, 3.5))));
+  for (uint64_t seed : {1, 2}) {
+    std::vector<double> shuffled = weight;
+    std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937_64(seed));
+    KV_RETURN_IF_ERROR(run("solver, shuffled (" + std::to_string(seed) + ")", "control",
+                           MixHqLevelsSpec(AllocateMixHqLevels(shuffled, kProbe, 3.5))));
+  }
+  std::vector<double> by_retrieval(n_slab);
+  for (size_t s = 0; s < n_slab; ++s) by_retrieval[s] = retrieval[s / (2 * hk) * hk + s % hk].retrieval;
+  KV_RETURN_IF_ERROR(run("solver, retrieval weights", "control", MixHqLevelsSpec(AllocateMixHqLevels(by_retrieval, kProbe, 3.5))));
   std::fprintf(stderr, "\r\033[K");
   // Uniform curve at a row's average bits, by linear interpolation between neighbours.
   std::vector<const Row*> uni;
@@ -139,12 +165,42 @@ Status RunMixHqStudy(const ModelFlags& mf, const EvalFlags& ef, double lo_frac, 
   return Status::Ok();
 }
 
+// Per-slab mixhq limits are sized to the model; on the (larger) speed block they repeat
+// cyclically, which keeps the mix of code widths that sets the speed.
+std::string TileLevels(const std::string& spec, uint64_t n_slab) {
+  const size_t at = spec.find("levels=");
+  if (at == std::string::npos) return spec;
+  const size_t begin = at + 7, end = spec.find_first_of(",)", begin);
+  std::vector<std::string> items;
+  for (size_t i = begin; i < end;) {
+    const size_t j = std::min(spec.find('.', i), end);
+    items.push_back(spec.substr(i, j - i));
+    i = j + 1;
+  }
+  std::string tiled;
+  for (uint64_t s = 0; s < n_slab; ++s) tiled += (s ? "." : "") + items[s % items.size()];
+  return spec.substr(0, begin) + tiled + spec.substr(end);
+}
+
 Status RunTable(const ModelFlags& mf, const EvalFlags& ef, bool as_json, const std::string& md_path,
                 const std::string& svg_path, uint32_t bench_tokens) {
   KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer));
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, ef));
   KV_ASSIGN_OR_RETURN(uint64_t basis, CalibrateLowRank(m));
-  const std::vector<NamedStrategy> list = StrategyTable(m.config, ev->prompt_len(), basis);
+  std::vector<NamedStrategy> list = StrategyTable(m.config, ev->prompt_len(), basis);
+  // MixHQ with the bit-budget solver needs this model's slab sensitivities (one evaluation per
+  // slab), so its rows are added here rather than in the static table.
+  {
+    Progress ps("slab sensitivity", size_t(m.config.n_layer) * 2 * m.config.n_head_kv);
+    KV_ASSIGN_OR_RETURN(std::vector<double> w, SlabSensitivities(*ev, 3, 63, "|rans", [&](uint64_t d, uint64_t) { ps.Update(d); }));
+    ps.Done();
+    for (int bits : {4, 3, 2}) {
+      list.push_back({"mixhq-solver" + std::to_string(bits), MixHqLevelsSpec(AllocateMixHqLevels(w, 3, bits)),
+                      "MixHQ limits per (layer, K/V, head) from the bit-budget solver on measured slab sensitivities, " +
+                          std::to_string(bits) + "-bit average code width (docs/results/mixhq.md)",
+                      true});
+    }
+  }
   KV_ASSIGN_OR_RETURN(KvBlock block, BenchBlock(bench_tokens, 2));
   // Codec speed is measured on the synthetic llama3-8b block, which needs a basis of its own shape.
   KV_ASSIGN_OR_RETURN(LowRankBasis bench_basis, FitLowRankBasis({&block}));
@@ -158,6 +214,7 @@ Status RunTable(const ModelFlags& mf, const EvalFlags& ef, bool as_json, const s
     KV_ASSIGN_OR_RETURN(EvalMetrics e, ev->Evaluate(list[i].spec));
     std::string bench_spec = list[i].spec;
     if (size_t at = bench_spec.find(model_id); at != std::string::npos) bench_spec.replace(at, model_id.size(), bench_id);
+    bench_spec = TileLevels(bench_spec, block.shape().n_slab());
     KV_ASSIGN_OR_RETURN(CodecMeasurement c, MeasureCodec(block, bench_spec, bo));
     rows.push_back({list[i], e, c});
     p.Update(i + 1, list[i].name);

@@ -38,6 +38,9 @@ struct ParamSpec {
   // x levels); kLog / kLog1p: for sizes spanning orders of magnitude.
   enum class Scale : uint8_t { kLinear, kLog, kLog1p, kInverse, kStep };
   Scale scale = Scale::kLinear;
+  // kList only: a sequence (order and repeats kept, "auto|i.j.k...") instead of a set (sorted,
+  // without repeats, so that every set has one canonical text).
+  bool sequence = false;
   std::string RangeText() const;      // "1..8", "channel|token", "0.0..1.0", "auto|i.j.k"
 };
 

@@ -107,6 +107,20 @@ Result<std::vector<HeadScore>> SensitivityHeadScores(Evaluator& ev, const std::s
                                                      const std::string& coder = "|rans",
                                                      const ProgressFn& progress = nullptr);
 
+// Measured sensitivity per slab ([layer][K|V][KV head], the order of mixhq's `levels`): the KL
+// increase over a near-exact mixhq (every limit `base_m`) when only that slab is quantised
+// with limit `probe_m`. One evaluation per slab, plus the baseline.
+Result<std::vector<double>> SlabSensitivities(Evaluator& ev, int probe_m = 3, int base_m = 63,
+                                              const std::string& coder = "|rans", const ProgressFn& progress = nullptr);
+
+// The bit-budget solver: a level limit per slab holding `target_bits` (average log2(2m + 1), the
+// code width before entropy coding) that minimises the modelled KL sum_s w_s (probe_m / m_s)^2 —
+// quantisation noise power falls as 1/m^2 and KL grows linearly in it for small noise. Greedy
+// on the marginal KL saved per bit spent, which is optimal here because each slab's
+// saving per bit decreases as m grows. Equal weights give (nearly) uniform limits.
+std::vector<int> AllocateMixHqLevels(const std::vector<double>& weight, int probe_m, double target_bits, int max_m = 127);
+std::string MixHqLevelsSpec(const std::vector<int>& levels, const std::string& coder = "|rans");
+
 // A mixhq spec whose fine heads are the (1 - lo_frac) share of heads with the highest scores.
 std::string MixHqSpecFromScores(const std::vector<HeadScore>& scores, uint32_t n_head_kv, double lo_frac,
                                 const std::string& mixhq_params = "", const std::string& coder = "|rans");

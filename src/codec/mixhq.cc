@@ -7,8 +7,10 @@
 // score, measured sensitivity) or, with heads=auto, a seeded random choice of (1 - lo_frac) of
 // them — so the levels of every head are known from the frame header alone. Beyond the published
 // design, two budgets: `boost_layers` makes every head of the first layers fine, `sink` gives the
-// first tokens (attention sinks) fine levels in every head. Output: symbols (codes of 2m+1
-// levels, bit-planed), for an entropy coder to follow.
+// first tokens (attention sinks) fine levels in every head; and `levels`, an explicit limit for
+// every (layer, K/V, head), which is what a bit-budget solver (AllocateMixHqLevels, from measured
+// sensitivities) writes. Output: symbols (codes of 2m+1 levels, bit-planed), for an entropy
+// coder to follow.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,6 +40,7 @@ struct Params {
   std::string heads;       // "auto" or the canonical list
   uint32_t boost_layers;   // layer budget: every head of the first layers is fine
   uint32_t sink;           // token budget: the first tokens are quantised finely in every head
+  std::string levels;      // "auto" or m for every slab, [layer][K|V][head], joined by '.'
 };
 
 // A run of tokens sharing one level limit: a K scale group, or a V packing block.
@@ -105,14 +108,30 @@ Result<Layout> MakeLayout(const Params& p, const KvShape& shape) {
     }
   }
   for (uint32_t h = 0; h < std::min(n_heads, p.boost_layers * shape.n_head_kv); ++h) fine[h] = true;
+  std::vector<uint8_t> levels;
+  if (p.levels != "auto") {
+    for (size_t i = 0; i < p.levels.size();) {
+      const size_t j = std::min(p.levels.find('.', i), p.levels.size());
+      levels.push_back(uint8_t(std::stoul(p.levels.substr(i, j - i))));  // 1..127, checked by the parser
+      i = j + 1;
+    }
+    if (levels.size() != shape.n_slab()) {
+      return Status::InvalidArgument("mixhq levels lists " + std::to_string(levels.size()) + " limits, but the block has " +
+                                     std::to_string(shape.n_slab()) + " (layer x K/V x KV head)");
+    }
+  }
   L.limit.resize(shape.n_slab());
   L.blocks.resize(shape.n_slab());
   L.offset.resize(shape.n_slab() + 1, 0);
   for (uint64_t s = 0; s < shape.n_slab(); ++s) {
     const bool v = (s / shape.n_head_kv) % 2;
     const uint32_t head = uint32_t(s / (2 * shape.n_head_kv) * shape.n_head_kv + s % shape.n_head_kv);
-    const uint8_t fine_m = uint8_t(v ? p.vfine : p.kfine);
+    uint8_t fine_m = uint8_t(v ? p.vfine : p.kfine);
     L.limit[s] = fine[head] ? fine_m : uint8_t(v ? p.vcoarse : p.kcoarse);
+    if (!levels.empty()) {
+      L.limit[s] = levels[s];
+      fine_m = std::max(fine_m, levels[s]);  // sink tokens never get fewer levels than their head
+    }
     L.blocks[s] = MakeBlocks(v, shape.n_token, L.group, p.sink, L.limit[s], fine_m);
     uint64_t bytes = 0;
     for (const Block& b : L.blocks[s]) bytes += L.block_bytes(v, b);
@@ -145,9 +164,9 @@ class MixHqStage final : public Stage {
       uint64_t off = kHeader + shape.n_slab() + L.offset[s];
       for (const Block& b : L.blocks[s]) {
         const size_t n8 = (size_t(b.bt) * shape.head_dim + 7) & ~size_t{7};
-        // Fine and coarse blocks differ in bits, so they get separate statistics.
-        const bool fine = b.m == (v ? p_.vfine : p_.kfine);
-        const uint32_t scales = v ? b.bt : shape.head_dim, ctx = (layer * 2 + uint32_t(v)) * 2 + uint32_t(fine);
+        // Blocks of other widths (fine and coarse heads, or solver levels) get separate statistics.
+        const uint32_t bits = uint32_t(BitsFor(b.m));
+        const uint32_t scales = v ? b.bt : shape.head_dim, ctx = (layer * 2 + uint32_t(v)) * 8 + bits - 1;
         out.push_back({off, scales, 16, 1, ctx, CodeSection::Kind::kHalf});
         out.push_back({off + scales * 2, uint32_t(n8), uint8_t(BitsFor(b.m)), shape.head_dim, ctx});
         off += L.block_bytes(v, b);
@@ -300,12 +319,15 @@ StageRegistration MixHqStageRegistration() {
       {"seed", T::kInt, 0, 1e9, {}, "1", "seed of the rotation signs and of heads=auto"},
       {"boost_layers", T::kInt, 0, 4096, {}, "0", "layer budget: every head of the first layers is fine"},
       {"sink", T::kInt, 0, 1 << 20, {}, "0", "token budget: the first tokens get fine levels in every head", ParamSpec::Scale::kLog1p},
+      {"levels", T::kList, 1, 127, {}, "auto",
+       "level limit of every (layer, K/V, head), in that order, joined by '.' (overrides the fine/coarse choice)",
+       ParamSpec::Scale::kLinear, true},
   };
   return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
             Params p{int(spec.GetInt("kfine")), int(spec.GetInt("vfine")), int(spec.GetInt("kcoarse")),
                      int(spec.GetInt("vcoarse")), spec.GetFloat("lo_frac"), uint64_t(spec.GetInt("seed")),
                      uint32_t(spec.GetInt("group")), spec.Get("heads"), uint32_t(spec.GetInt("boost_layers")),
-                     uint32_t(spec.GetInt("sink"))};
+                     uint32_t(spec.GetInt("sink")), spec.Get("levels")};
             return std::unique_ptr<Stage>(new MixHqStage(std::move(p)));
           }};
 }

@@ -87,8 +87,8 @@ Result<std::string> CanonicalValue(const StageInfo& stage, const ParamSpec& p, s
       return FormatFloat(v);
     }
     case ParamSpec::Type::kList: {
-      // "auto", or non-negative integers joined by '.', kept in ascending order without repeats
-      // so that every list has one canonical text.
+      // "auto", or non-negative integers joined by '.'; a set is kept in ascending order
+      // without repeats so that every set has one canonical text.
       if (value == "auto") return std::string("auto");
       std::vector<long long> v;
       size_t i = 0;
@@ -97,17 +97,19 @@ Result<std::string> CanonicalValue(const StageInfo& stage, const ParamSpec& p, s
         const std::string_view item = value.substr(i, j == std::string_view::npos ? std::string_view::npos : j - i);
         long long x = 0;
         auto r = std::from_chars(item.data(), item.data() + item.size(), x);
-        if (item.empty() || r.ec != std::errc() || r.ptr != item.data() + item.size() || x < 0 || x > p.max) {
+        if (item.empty() || r.ec != std::errc() || r.ptr != item.data() + item.size() || x < p.min || x > p.max) {
           return SpecError(pos, "stage '" + stage.name + "' parameter " + p.name + "='" + std::string(value) +
-                                    "' is not 'auto' or a list of integers 0.." + std::to_string((long long)p.max) +
-                                    " joined by '.'");
+                                    "' is not 'auto' or a list of integers " + std::to_string((long long)p.min) +
+                                    ".." + std::to_string((long long)p.max) + " joined by '.'");
         }
         v.push_back(x);
         if (j == std::string_view::npos) break;
         i = j + 1;
       }
-      std::sort(v.begin(), v.end());
-      v.erase(std::unique(v.begin(), v.end()), v.end());
+      if (!p.sequence) {
+        std::sort(v.begin(), v.end());
+        v.erase(std::unique(v.begin(), v.end()), v.end());
+      }
       std::string out;
       for (size_t k = 0; k < v.size(); ++k) out += (k ? "." : "") + std::to_string(v[k]);
       return out;

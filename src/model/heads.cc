@@ -102,4 +102,62 @@ Result<std::vector<HeadScore>> SensitivityHeadScores(Evaluator& ev, const std::s
   return out;
 }
 
+Result<std::vector<double>> SlabSensitivities(Evaluator& ev, int probe_m, int base_m, const std::string& coder,
+                                              const ProgressFn& progress) {
+  const LlamaConfig& c = ev.model().config;
+  const size_t n = size_t(c.n_layer) * 2 * c.n_head_kv;
+  std::vector<int> levels(n, base_m);
+  KV_ASSIGN_OR_RETURN(EvalMetrics base, ev.Evaluate(MixHqLevelsSpec(levels, coder)));
+  std::vector<double> out(n);
+  for (size_t s = 0; s < n; ++s) {
+    levels[s] = probe_m;
+    KV_ASSIGN_OR_RETURN(EvalMetrics m, ev.Evaluate(MixHqLevelsSpec(levels, coder)));
+    levels[s] = base_m;
+    out[s] = m.kl - base.kl;
+    if (progress) progress(s + 1, n);
+  }
+  return out;
+}
+
+std::vector<int> AllocateMixHqLevels(const std::vector<double>& weight, int probe_m, double target_bits, int max_m) {
+  const size_t n = weight.size();
+  if (n == 0) return {};
+  // Measured increases can be noise-level or negative: floor them so every slab still costs
+  // something to coarsen, and the solver never starves a slab for free.
+  double w_max = 0;
+  for (double w : weight) w_max = std::max(w_max, w);
+  const double floor = w_max > 0 ? 1e-3 * w_max : 1.0;
+  auto bits = [](int m) { return std::log2(2.0 * m + 1.0); };
+  auto kl = [&](size_t s, int m) { return std::max(weight[s], floor) * double(probe_m) * probe_m / (double(m) * m); };
+  std::vector<int> m(n, 1);
+  double total = bits(1) * double(n);
+  const double budget = target_bits * double(n);
+  using Step = std::pair<double, size_t>;  // KL saved per bit of the slab's next step
+  auto gain = [&](size_t s) { return (kl(s, m[s]) - kl(s, m[s] + 1)) / (bits(m[s] + 1) - bits(m[s])); };
+  std::vector<Step> heap;
+  for (size_t s = 0; s < n; ++s) heap.push_back({gain(s), s});
+  std::make_heap(heap.begin(), heap.end());
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end());
+    const size_t s = heap.back().second;
+    heap.pop_back();
+    const double cost = bits(m[s] + 1) - bits(m[s]);
+    // Stop at the first best step that does not fit: taking lesser steps that still do would
+    // spend the remainder where it is worth less (and break ties between equal slabs).
+    if (total + cost > budget + 1e-9) break;
+    total += cost;
+    if (++m[s] < max_m) {
+      heap.push_back({gain(s), s});
+      std::push_heap(heap.begin(), heap.end());
+    }
+  }
+  return m;
+}
+
+std::string MixHqLevelsSpec(const std::vector<int>& levels, const std::string& coder) {
+  std::string s = "mixhq(levels=";
+  for (size_t i = 0; i < levels.size(); ++i) s += (i ? "." : "") + std::to_string(levels[i]);
+  return s + ")" + coder;
+}
+
 }  // namespace kvserve

@@ -40,6 +40,25 @@ TEST(MixHq, FineHeadsGetSmallerErrors) {
   }
 }
 
+TEST(MixHq, ExplicitLevelsPerSlabKeepTheirOrder) {
+  // Slabs are [layer][K|V][head]: 8 of them here. Order and repeats are kept by the parser.
+  EXPECT_NE(CanonicalStrategy("mixhq(levels=40.3.3.40.3.3.3.3)").value().find("levels=40.3.3.40.3.3.3.3"),
+            std::string::npos);
+  KvBlock in = SynthesizeKv(kShape, {.seed = 2, .dtype = DType::kF32}).value();
+  KvBlock out = Decode(EncodeKv(in, "mixhq(levels=40.3.3.40.3.3.3.3)").value());
+  EXPECT_LT(SlabMse(in, out, 0, KvPart::kKey, 0) * 20, SlabMse(in, out, 0, KvPart::kKey, 1));
+  EXPECT_LT(SlabMse(in, out, 0, KvPart::kValue, 1) * 20, SlabMse(in, out, 0, KvPart::kValue, 0));
+  EXPECT_LT(SlabMse(in, out, 0, KvPart::kValue, 1) * 20, SlabMse(in, out, 1, KvPart::kValue, 1));
+  // Lossless through rans, whose statistics are split by code width.
+  KvBlock coded = Decode(EncodeKv(in, "mixhq(levels=40.3.3.40.3.3.3.3)|rans").value());
+  EXPECT_EQ(std::memcmp(coded.data(), out.data(), out.bytes()), 0);
+  auto wrong = EncodeKv(in, "mixhq(levels=3.3.3)");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("levels lists 3 limits, but the block has 8"), std::string::npos)
+      << wrong.status().message();
+  EXPECT_FALSE(ParseStrategy("mixhq(levels=3.0.3)").ok());  // limits are 1..127
+}
+
 TEST(MixHq, ErrorWithinHalfAScalePerRotatedValue) {
   // The rotation is orthonormal, so a row's error norm equals its rotated-domain error norm,
   // at most sqrt(D) * scale / 2 with scale = absmax / m of the rotated row (V, per token).

@@ -75,7 +75,7 @@ TEST(Spec, RandomSpecsCanonicalIsAFixedPoint) {
         if (rng() % 2) continue;
         std::string v;
         if (p.type == ParamSpec::Type::kEnum) v = p.choices[rng() % p.choices.size()];
-        else if (p.type == ParamSpec::Type::kList) v = rng() % 2 ? "auto" : "7.3.3.0";
+        else if (p.type == ParamSpec::Type::kList) v = rng() % 2 ? "auto" : "7.3.3.1";
         else if (p.type == ParamSpec::Type::kInt)
           v = std::to_string(int64_t(p.min) + int64_t(rng() % uint64_t(std::min(1000.0, p.max - p.min) + 1)));
         else v = std::to_string(p.min + (p.max - p.min) * (rng() % 1000) / 1000.0);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "codec/frame_test_util.h"
+#include "codec/hadamard.h"
 #include "kvserve/codec.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
@@ -29,6 +30,16 @@ TEST(Rotate, InverseIsExactUpToFloatError) {
     auto c = CompareKv(in, out).value();
     EXPECT_LT(c.k.max_abs, 2e-5) << spec;
     EXPECT_LT(c.v.max_abs, 2e-5) << spec;
+  }
+}
+
+TEST(Hadamard, FixedSizeKernelsMatchTheRuntimeSizeReference) {
+  for (uint32_t n : {8u, 16u, 32u, 64u, 128u, 256u}) {
+    std::vector<float> a(n), b(n);
+    for (uint32_t i = 0; i < n; ++i) a[i] = b[i] = std::sin(float(i) * 1.7f) * float(1 + i % 5);
+    Hadamard(a.data(), n);
+    HadamardN<0>(b.data(), n);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0) << n;
   }
 }
 

@@ -2,6 +2,8 @@
 // the cache are reproducible, and threads do not change results.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -147,6 +149,35 @@ TEST(StrategyTable, HasThePublishedMethodsAndEverySpecParses) {
     EXPECT_EQ(std::count_if(table.begin(), table.end(), [](const NamedStrategy& r) { return r.name.rfind("lowrank", 0) == 0; }), 2);
   }
   EXPECT_EQ(StrategyTable(Stories().config, 384).size() + 2, StrategyTable(Stories().config, 384, 1).size());
+}
+
+TEST(MixHqSolver, HoldsTheBudgetAndFavoursSensitiveSlabs) {
+  auto avg_bits = [](const std::vector<int>& m) {
+    double b = 0;
+    for (int v : m) b += std::log2(2.0 * v + 1);
+    return b / double(m.size());
+  };
+  // Equal weights: every slab gets the same limit (within one step), the budget is held.
+  for (double target : {2.0, 3.0, 3.5, 5.0}) {
+    const std::vector<int> m = AllocateMixHqLevels(std::vector<double>(12, 1.0), 3, target);
+    EXPECT_LE(avg_bits(m), target + 1e-9);
+    EXPECT_GT(avg_bits(m), target - 0.25) << target;
+    EXPECT_LE(*std::max_element(m.begin(), m.end()) - *std::min_element(m.begin(), m.end()), 1);
+  }
+  // A slab 100x as sensitive gets 10x the levels (noise power 1/m^2 balances the weights), give
+  // or take the rounding of whole levels.
+  std::vector<double> w(8, 1.0);
+  w[5] = 100;
+  const std::vector<int> m = AllocateMixHqLevels(w, 3, 4.0);
+  EXPECT_LE(avg_bits(m), 4.0 + 1e-9);
+  EXPECT_NEAR(double(m[5]) / m[0], 10.0, 2.5);
+  // Noise-level or negative measurements still get at least one level; limits stay in range.
+  const std::vector<int> z = AllocateMixHqLevels({0.0, -1.0, 5.0}, 3, 8.0, 127);
+  for (int v : z) {
+    EXPECT_GE(v, 1);
+    EXPECT_LE(v, 127);
+  }
+  EXPECT_EQ(MixHqLevelsSpec({3, 12, 5}), "mixhq(levels=3.12.5)|rans");
 }
 
 TEST(HeadProfile, ScoresEveryKvHeadInRange) {
