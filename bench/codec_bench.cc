@@ -83,6 +83,7 @@ void BM_RansDecodeRun(benchmark::State& state) {
   }
   const rans::Run run{entries.data(), A, C, bits};
   const std::vector<uint32_t> lanes = simd ? rans::LaneTables(run) : std::vector<uint32_t>{};
+  const std::vector<uint8_t> slots = simd && lanes.empty() ? rans::SlotTables(run) : std::vector<uint8_t>{};
   std::vector<uint8_t> stream(size_t(n) * 2 + 64), out(n);
   std::mt19937 rng(1);
   for (auto& b : stream) b = uint8_t(rng());
@@ -91,7 +92,8 @@ void BM_RansDecodeRun(benchmark::State& state) {
     for (int l = 0; l < rans::kLanes; ++l) st.x[l] = rans::kLow + uint32_t(l);
     st.ptr = stream.data();
     st.end = stream.data() + stream.size();
-    const bool ok = simd ? rans::DecodeRun(st, run, lanes, n, out.data()) : rans::DecodeRunScalar(st, run, 0, n, out.data());
+    const bool ok =
+        simd ? rans::DecodeRun(st, run, lanes, slots, n, out.data()) : rans::DecodeRunScalar(st, run, 0, n, out.data());
     if (!ok) state.SkipWithError("stream ran out");
     benchmark::DoNotOptimize(out.data());
   }

@@ -587,19 +587,31 @@ class RansStage final : public Stage {
     auto run_of = [&](const Context& c) {
       return rans::Run{&entries[L.table_offset[c.first_table]], c.per_channel ? 1u << c.bits : 0, c.n_channel, c.bits};
     };
-    std::vector<std::vector<uint32_t>> lane_tables(L.code.size());
-    for (size_t k = 0; k < L.code.size(); ++k) lane_tables[k] = rans::LaneTables(run_of(L.code[k]));
-    const std::vector<uint32_t> no_lane_tables;
-    auto decode = [&](const Context& c, const std::vector<uint32_t>& lanes, uint64_t n) -> Status {
+    // Lookup tables for the SIMD decoder: lane tables for small alphabets, slot tables for the
+    // others where the context has enough symbols to pay for building them.
+    struct Lookup {
+      std::vector<uint32_t> lanes;
+      std::vector<uint8_t> slots;
+    };
+    auto lookup_for = [&](const Context& c) {
+      Lookup t;
+      const rans::Run run = run_of(c);
+      t.lanes = rans::LaneTables(run);
+      if (t.lanes.empty() && uint64_t(c.n_tables) * kProbScale <= c.n_symbols) t.slots = rans::SlotTables(run);
+      return t;
+    };
+    std::vector<Lookup> code_lookup(L.code.size());
+    for (size_t k = 0; k < L.code.size(); ++k) code_lookup[k] = lookup_for(L.code[k]);
+    auto decode = [&](const Context& c, const Lookup& t, uint64_t n) -> Status {
       sym.resize(Padded(n));
-      if (!rans::DecodeRun(st, run_of(c), lanes, uint32_t(sym.size()), sym.data())) {
+      if (!rans::DecodeRun(st, run_of(c), t.lanes, t.slots, uint32_t(sym.size()), sym.data())) {
         return Status::Corrupt("rans stream ends early");
       }
       return Status::Ok();
     };
     for (uint32_t k = 0; k < n_half; ++k) {
       if (!coded[k]) continue;
-      KV_RETURN_IF_ERROR(decode(L.half[k], no_lane_tables, L.half[k].n_symbols));
+      KV_RETURN_IF_ERROR(decode(L.half[k], lookup_for(L.half[k]), L.half[k].n_symbols));
       size_t at = 0;
       for (uint32_t i : L.half[k].sections) {
         std::memcpy(o.data() + secs[i].offset, sym.data() + at, SectionBytes(secs[i]));
@@ -614,7 +626,7 @@ class RansStage final : public Stage {
       raw_at += s.offset - at;
       at = s.offset + SectionBytes(s);
       if (s.kind == Kind::kHalf) continue;
-      KV_RETURN_IF_ERROR(decode(L.code[L.context_of[i]], lane_tables[L.context_of[i]], s.n_codes));
+      KV_RETURN_IF_ERROR(decode(L.code[L.context_of[i]], code_lookup[L.context_of[i]], s.n_codes));
       if (flags[L.context_of[i]] & kPredicted) Unpredict(sym.data(), s.n_codes, s.n_channel, s.bits);
       quant::PackCodes(sym.data(), s.n_codes, s.bits, o.data() + s.offset);
     }

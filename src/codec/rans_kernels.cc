@@ -44,6 +44,20 @@ std::vector<uint32_t> LaneTables(const Run& r) {
   return t;
 }
 
+std::vector<uint8_t> SlotTables(const Run& r) {
+  const uint32_t n_tables = r.table_stride == 0 ? 1 : r.n_channel, A = 1u << r.bits;
+  std::vector<uint8_t> t(size_t(n_tables) * kProbScale + 4, 0);
+  for (uint32_t k = 0; k < n_tables; ++k) {
+    const uint32_t* table = r.entries + size_t(k) * r.table_stride;
+    uint8_t* lut = &t[size_t(k) * kProbScale];
+    for (uint32_t s = 0; s < A; ++s) {
+      const uint32_t start = table[s] & 0xffff, freq = table[s] >> 16;
+      if (freq != 0 && start + freq <= kProbScale) std::fill_n(lut + start, freq, uint8_t(s));
+    }
+  }
+  return t;
+}
+
 bool DecodeRunScalar(DecoderState& st, const Run& r, uint32_t begin, uint32_t n, uint8_t* out) {
   for (uint32_t j = begin; j < n; j += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
@@ -124,8 +138,13 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
 
 }  // namespace
 
-bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables, uint32_t n, uint8_t* out) {
+bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables,
+               const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out) {
   if (!lane_tables.empty()) return DecodeRunScan(st, r, lane_tables.data(), n, out);
+  // Byte-addressed 4-byte gathers into the slot tables (their padding keeps the last in bounds).
+  const int* lut = slot_tables.empty() ? nullptr : reinterpret_cast<const int*>(slot_tables.data());
+  const __m512i lut_stride = _mm512_set1_epi32(r.table_stride == 0 ? 0 : int(kProbScale));
+  const __m512i byte = _mm512_set1_epi32(0xff);
   const uint32_t C = r.n_channel;
   alignas(64) uint32_t ch_init[kLanes];
   for (int l = 0; l < kLanes; ++l) ch_init[l] = uint32_t(l) % C;
@@ -144,7 +163,13 @@ bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane
     const __m512i b0 = _mm512_mullo_epi32(ch0, stride), b1 = _mm512_mullo_epi32(ch1, stride);
     const __m512i s0 = _mm512_and_si512(x0, slot_mask), s1 = _mm512_and_si512(x1, slot_mask);
     __m512i y0 = _mm512_setzero_si512(), y1 = _mm512_setzero_si512();
-    for (uint32_t step = half; step; step >>= 1) {
+    if (lut != nullptr) {
+      const __m512i i0 = _mm512_add_epi32(_mm512_mullo_epi32(ch0, lut_stride), s0);
+      const __m512i i1 = _mm512_add_epi32(_mm512_mullo_epi32(ch1, lut_stride), s1);
+      y0 = _mm512_and_si512(_mm512_i32gather_epi32(i0, lut, 1), byte);
+      y1 = _mm512_and_si512(_mm512_i32gather_epi32(i1, lut, 1), byte);
+    }
+    for (uint32_t step = lut != nullptr ? 0 : half; step; step >>= 1) {
       const __m512i inc = _mm512_set1_epi32(int(step));
       const __m512i c0 = _mm512_add_epi32(y0, inc), c1 = _mm512_add_epi32(y1, inc);
       const __m512i e0 = _mm512_i32gather_epi32(_mm512_add_epi32(b0, c0), entries, 4);
@@ -182,7 +207,8 @@ bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane
 #else
 bool HaveSimdDecoder() { return false; }
 
-bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>&, uint32_t n, uint8_t* out) {
+bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>&, const std::vector<uint8_t>&, uint32_t n,
+               uint8_t* out) {
   return DecodeRunScalar(st, r, 0, n, out);
 }
 #endif

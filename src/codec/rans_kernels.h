@@ -42,10 +42,16 @@ bool DecodeRunScalar(DecoderState& st, const Run& run, uint32_t begin, uint32_t 
 // Empty when the run does not qualify.
 std::vector<uint32_t> LaneTables(const Run& run);
 
+// For larger alphabets: each table's symbol for every slot (kProbScale bytes per table, plus
+// padding for 4-byte gathers), so the decoder needs one lookup instead of a `bits`-step search.
+// Worth building only when the run is long next to the tables (the caller decides).
+std::vector<uint8_t> SlotTables(const Run& run);
+
 // The same decode with the widest SIMD this build has (AVX-512: compares over `lane_tables`
-// where given, else a binary search by gathers), falling back to the scalar loop for the last
-// groups near the end of the stream.
-bool DecodeRun(DecoderState& st, const Run& run, const std::vector<uint32_t>& lane_tables, uint32_t n, uint8_t* out);
+// where given, else slot lookups in `slot_tables` where given, else a binary search by
+// gathers), falling back to the scalar loop for the last groups near the end of the stream.
+bool DecodeRun(DecoderState& st, const Run& run, const std::vector<uint32_t>& lane_tables,
+               const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out);
 bool HaveSimdDecoder();
 
 }  // namespace kvserve::rans

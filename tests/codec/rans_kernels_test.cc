@@ -51,20 +51,31 @@ TEST(RansKernels, SimdDecodeMatchesScalar) {
         const uint32_t n = kLanes * (40 + rng() % 20);
         std::vector<uint8_t> stream(n * 2 + 100);
         for (auto& b : stream) b = uint8_t(rng());
-        DecoderState a, b;
-        for (int l = 0; l < kLanes; ++l) a.x[l] = kLow + rng() % ((1u << 31) - kLow);
-        std::memcpy(b.x, a.x, sizeof(a.x));
-        a.ptr = b.ptr = stream.data();
-        a.end = b.end = stream.data() + stream.size();
-        std::vector<uint8_t> out_a(n), out_b(n);
+        DecoderState a;
+        uint32_t x0[kLanes];
+        for (int l = 0; l < kLanes; ++l) x0[l] = kLow + rng() % ((1u << 31) - kLow);
+        std::memcpy(a.x, x0, sizeof(a.x));
+        a.ptr = stream.data();
+        a.end = stream.data() + stream.size();
+        std::vector<uint8_t> out_a(n);
         const bool ok_a = DecodeRunScalar(a, run, 0, n, out_a.data());
-        const bool ok_b = DecodeRun(b, run, LaneTables(run), n, out_b.data());
-        const std::string what = "bits " + std::to_string(bits) + " channels " + std::to_string(channels) +
-                                 (per_channel ? " per channel" : " shared");
-        ASSERT_EQ(ok_a, ok_b) << what;
-        ASSERT_EQ(out_a, out_b) << what;
-        ASSERT_EQ(a.ptr, b.ptr) << what;
-        ASSERT_EQ(std::memcmp(a.x, b.x, sizeof(a.x)), 0) << what;
+        // Every SIMD variant: lane tables where they apply, slot tables, plain gather search.
+        for (int variant = 0; variant < 3; ++variant) {
+          DecoderState b;
+          std::memcpy(b.x, x0, sizeof(b.x));
+          b.ptr = stream.data();
+          b.end = stream.data() + stream.size();
+          std::vector<uint8_t> out_b(n);
+          const bool ok_b = DecodeRun(b, run, variant == 0 ? LaneTables(run) : std::vector<uint32_t>{},
+                                      variant == 1 ? SlotTables(run) : std::vector<uint8_t>{}, n, out_b.data());
+          const std::string what = "bits " + std::to_string(bits) + " channels " + std::to_string(channels) +
+                                   (per_channel ? " per channel" : " shared") + " variant " + std::to_string(variant);
+          ASSERT_EQ(ok_a, ok_b) << what;
+          ASSERT_EQ(out_a, out_b) << what;
+          ASSERT_EQ(a.ptr, b.ptr) << what;
+          ASSERT_EQ(std::memcmp(a.x, b.x, sizeof(a.x)), 0) << what;
+        }
+        const std::string what = "bits " + std::to_string(bits);
         for (uint32_t j = 0; j < n; ++j) {  // and only symbols the tables can produce
           const uint32_t* t = entries.data() + (per_channel ? size_t(j % channels) << bits : 0);
           ASSERT_NE(t[out_a[j]] >> 16, 0u) << what << " symbol " << j;
@@ -93,7 +104,7 @@ TEST(RansKernels, TruncatedStreamIsReported) {
   for (int l = 0; l < kLanes; ++l) st.x[l] = kLow;
   st.ptr = stream.data();
   st.end = stream.data() + stream.size();
-  EXPECT_FALSE(DecodeRun(st, run, LaneTables(run), uint32_t(out.size()), out.data()));
+  EXPECT_FALSE(DecodeRun(st, run, LaneTables(run), {}, uint32_t(out.size()), out.data()));
 }
 
 }  // namespace
