@@ -155,44 +155,6 @@ double CostBits(const uint64_t* count, uint32_t alphabet) {
   return bits;
 }
 
-// Encoder side of one symbol: division by the frequency replaced by a multiply with a
-// precomputed reciprocal (x / f == (x * rcp) >> 32 >> shift for every x < 2^31).
-struct EncSymbol {
-  uint32_t x_max = 0, rcp_freq = 0;
-  uint32_t bias = 0, cmpl_freq = 0;
-  uint32_t rcp_shift = 0;
-};
-
-EncSymbol MakeEncSymbol(uint32_t start, uint32_t freq) {
-  EncSymbol e;
-  e.x_max = ((kLow >> kProbBits) << 16) * freq;
-  e.cmpl_freq = kProbScale - freq;
-  if (freq < 2) {
-    // x / 1 = x: a reciprocal of 2^32 - 1 with the bias below makes the formula exact.
-    e.rcp_freq = ~0u;
-    e.rcp_shift = 0;
-    e.bias = start + kProbScale - 1;
-  } else {
-    uint32_t shift = 0;
-    while (freq > (1u << shift)) ++shift;
-    e.rcp_freq = uint32_t(((uint64_t(1) << (shift + 31)) + freq - 1) / freq);
-    e.rcp_shift = shift - 1;
-    e.bias = start;
-  }
-  return e;
-}
-
-inline void EncPut(uint32_t& x, uint8_t*& ptr, const EncSymbol& e) {
-  if (x >= e.x_max) {  // one word always suffices: x < 2^31, x_max >= 2^19
-    ptr -= 2;
-    const uint16_t w = uint16_t(x);
-    std::memcpy(ptr, &w, 2);
-    x >>= 16;
-  }
-  const uint32_t q = uint32_t((uint64_t(x) * e.rcp_freq) >> 32) >> e.rcp_shift;
-  x = x + e.bias + q * e.cmpl_freq;  // == (x / f) * M + x % f + start
-}
-
 // Frequencies are stored as LEB128 varints (most are below 128), with runs of zeros as a
 // count: metadata tables have 256 entries and most are empty.
 void PutVarint(ByteBuffer* out, uint32_t v) {
@@ -360,10 +322,12 @@ class RansStage final : public Stage {
       const Context& c = L.code[L.context_of[i]];
       auto count = [&](uint64_t* cnt) {
         cnt += L.table_offset[c.first_table];
-        for (uint32_t j = 0, ch = 0; j < s.n_codes; ++j) {
-          ++cnt[(ch << c.bits) + sym[j]];
-          if (++ch == c.n_channel) ch = 0;
+        const uint32_t C = c.n_channel, rows = s.n_codes / C;
+        for (uint32_t r = 0; r < rows; ++r) {
+          const uint8_t* row = &sym[size_t(r) * C];
+          for (uint32_t ch = 0; ch < C; ++ch) ++cnt[(ch << c.bits) + row[ch]];
         }
+        for (uint32_t j = rows * C; j < s.n_codes; ++j) ++cnt[((j - rows * C) << c.bits) + sym[j]];
       };
       CodeSymbols(s, payload, false, sym);
       if (predict_ != Choice::kYes) count(counts.data());
@@ -376,16 +340,21 @@ class RansStage final : public Stage {
     for (size_t k = 0; k < L.code.size(); ++k) flags[k] = ChooseTables(L, L.code[k], counts, counts_pred, per_channel_, predict_);
     for (const Context& c : L.half) {
       HalfSymbols(c, secs, payload, sym);
-      for (uint64_t j = 0; j < c.n_symbols; ++j) ++counts[L.table_offset[c.first_table + (j & 1)] + sym[j]];
+      uint64_t* lo = &counts[L.table_offset[c.first_table]];
+      uint64_t* hi = &counts[L.table_offset[c.first_table + 1]];
+      for (uint64_t j = 0; j + 1 < c.n_symbols; j += 2) ++lo[sym[j]], ++hi[sym[j + 1]];
     }
     std::vector<uint16_t> freq(L.n_entries, 0);
-    std::vector<EncSymbol> enc(L.n_entries);
+    std::vector<uint32_t> entries(L.n_entries), rcp(L.n_entries);
     std::vector<uint8_t> likeliest(L.table_bits.size());
     for (uint32_t t = 0; t < L.table_bits.size(); ++t) {
       const uint32_t a = 1u << L.table_bits[t], o0 = L.table_offset[t];
       Normalize(&counts[o0], a, &freq[o0]);
       likeliest[t] = uint8_t(std::max_element(&freq[o0], &freq[o0] + a) - &freq[o0]);
-      for (uint32_t s = 0, start = 0; s < a; start += freq[o0 + s], ++s) enc[o0 + s] = MakeEncSymbol(start, freq[o0 + s]);
+      for (uint32_t s = 0, start = 0; s < a; start += freq[o0 + s], ++s) {
+        entries[o0 + s] = start | uint32_t(freq[o0 + s]) << 16;
+        rcp[o0 + s] = rans::EncodeReciprocal(freq[o0 + s]);
+      }
     }
     for (size_t k = 0; k < L.half.size(); ++k) {
       // Metadata is entropy coded only where that beats storing it, tables included.
@@ -412,9 +381,9 @@ class RansStage final : public Stage {
     // Pass 2: encode backwards into a stream that grows downwards.
     thread_local ByteBuffer stream;  // reused: a fresh buffer per call costs its page faults
     stream.resize(n_symbols * 2 + 64);  // at most one word per symbol
-    uint8_t* ptr = stream.data() + stream.size();
-    uint32_t state[kLanes];
-    std::fill(state, state + kLanes, kLow);
+    rans::EncoderState est;
+    std::fill(est.x, est.x + kLanes, kLow);
+    est.ptr = stream.data() + stream.size();
     for (size_t r = runs.size(); r-- > 0;) {
       const Context& c = runs[r].half ? L.half[runs[r].index] : L.code[L.context_of[runs[r].index]];
       uint64_t n;
@@ -426,11 +395,10 @@ class RansStage final : public Stage {
         n = secs[runs[r].index].n_codes;
       }
       for (size_t j = n; j < sym.size(); ++j) sym[j] = likeliest[c.first_table + (c.per_channel ? j % c.n_channel : 0)];
-      uint32_t ch = c.per_channel ? uint32_t((sym.size() - 1) % c.n_channel) : 0;
-      for (size_t j = sym.size(); j-- > 0;) {
-        EncPut(state[j % kLanes], ptr, enc[L.table_offset[c.first_table + ch] + sym[j]]);
-        if (c.per_channel) ch = ch == 0 ? c.n_channel - 1 : ch - 1;
-      }
+      // A context's tables are contiguous, 2^bits entries apart (stride 0: one shared table).
+      const uint32_t o0 = L.table_offset[c.first_table];
+      const rans::Run run{&entries[o0], c.per_channel ? 1u << c.bits : 0, c.n_channel, c.bits};
+      rans::EncodeRun(est, run, &rcp[o0], uint32_t(sym.size()), sym.data());
     }
     // Header, flags, tables, raw bytes, states, stream.
     ByteBuffer* o = out.bytes;
@@ -469,10 +437,10 @@ class RansStage final : public Stage {
     const uint64_t raw_len = o->size() - raw_at - 8;
     std::memcpy(o->data() + raw_at, &raw_len, 8);
     Put<uint64_t>(o, n_symbols);
-    for (int k = 0; k < kLanes; ++k) Put<uint32_t>(o, state[k]);
-    const uint64_t stream_len = uint64_t(stream.data() + stream.size() - ptr);
+    for (int k = 0; k < kLanes; ++k) Put<uint32_t>(o, est.x[k]);
+    const uint64_t stream_len = uint64_t(stream.data() + stream.size() - est.ptr);
     Put<uint64_t>(o, stream_len);
-    o->insert(o->end(), ptr, ptr + stream_len);
+    o->insert(o->end(), est.ptr, est.ptr + stream_len);
     return Status::Ok();
   }
 

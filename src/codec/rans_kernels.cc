@@ -81,17 +81,123 @@ bool DecodeRunScalar(DecoderState& st, const Run& r, uint32_t begin, uint32_t n,
   return true;
 }
 
+uint32_t EncodeReciprocal(uint32_t freq) {
+  if (freq < 2) return ~0u;
+  uint32_t shift = 0;
+  while (freq > (1u << shift)) ++shift;
+  return uint32_t(((uint64_t(1) << (shift + 31)) + freq - 1) / freq);
+}
+
+namespace {
+// Flush-then-encode of one symbol; the arithmetic the SIMD encoder reproduces lane by lane.
+inline void EncPut(uint32_t& x, uint8_t*& ptr, uint32_t e, uint32_t rcp) {
+  const uint32_t freq = e >> 16, start = e & 0xffff;
+  if (x >= freq << 19) {  // ((kLow >> kProbBits) << 16) * freq; one word suffices as x < 2^31
+    ptr -= 2;
+    const uint16_t w = uint16_t(x);
+    std::memcpy(ptr, &w, 2);
+    x >>= 16;
+  }
+  const uint32_t shift = freq < 2 ? 0 : 31 - uint32_t(std::countl_zero(freq - 1));
+  const uint32_t bias = freq < 2 ? start + kProbScale - 1 : start;
+  const uint32_t q = uint32_t((uint64_t(x) * rcp) >> 32) >> shift;
+  x = x + bias + q * (kProbScale - freq);  // == (x / f) * M + x % f + start
+}
+}  // namespace
+
+void EncodeRunScalar(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
+  for (uint32_t g = n; g > 0; g -= kLanes) {
+    for (int l = kLanes - 1; l >= 0; --l) {
+      const uint32_t j = g - kLanes + uint32_t(l);
+      const size_t k = size_t(j % r.n_channel) * r.table_stride + sym[j];
+      EncPut(st.x[l], st.ptr, r.entries[k], rcp[k]);
+    }
+  }
+}
+
+#if KVSERVE_RANS_AVX512 && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512CD__)
+namespace {
+// One vector of 16 lanes: flush (the words of the lanes that need it, compress-stored below
+// ptr in lane order), then encode.
+inline void EncodeVector(__m512i& x, uint8_t*& ptr, __m512i e, __m512i rcp) {
+  const __m512i freq = _mm512_srli_epi32(e, 16), start = _mm512_and_si512(e, _mm512_set1_epi32(0xffff));
+  const __mmask16 m = _mm512_cmpge_epu32_mask(x, _mm512_slli_epi32(freq, 19));
+  const int count = std::popcount(unsigned(m));
+  const __m256i words = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(m, x));
+  ptr -= 2 * count;
+  _mm256_mask_storeu_epi16(ptr, __mmask16((1u << count) - 1), words);
+  x = _mm512_mask_srli_epi32(x, m, x, 16);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __mmask16 single = _mm512_cmpeq_epu32_mask(freq, one);
+  // shift = ceil(log2 freq) - 1 = 31 - lzcnt(freq - 1), 0 for freq 1.
+  const __m512i shift = _mm512_maskz_sub_epi32(__mmask16(~single), _mm512_set1_epi32(31),
+                                               _mm512_lzcnt_epi32(_mm512_sub_epi32(freq, one)));
+  const __m512i bias = _mm512_mask_add_epi32(start, single, start, _mm512_set1_epi32(kProbScale - 1));
+  // High 32 bits of x * rcp: even lanes from one 32x32->64 multiply, odd lanes from another.
+  const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(x, rcp), 32);
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), _mm512_srli_epi64(rcp, 32));
+  const __m512i q = _mm512_srlv_epi32(_mm512_mask_blend_epi32(0xAAAA, even, odd), shift);
+  const __m512i cmpl = _mm512_sub_epi32(_mm512_set1_epi32(kProbScale), freq);
+  x = _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_mullo_epi32(q, cmpl));
+}
+}  // namespace
+
+void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
+  if (n == 0) return;
+  const int C = int(r.n_channel);
+  // Channels of the lanes of the last group, stepped back one group at a time.
+  alignas(64) int32_t ch_init[kLanes];
+  for (int l = 0; l < kLanes; ++l) ch_init[l] = int32_t((n - kLanes + uint32_t(l)) % uint32_t(C));
+  __m512i ch0 = _mm512_load_si512(ch_init), ch1 = _mm512_load_si512(ch_init + 16);
+  const __m512i back = _mm512_set1_epi32(kLanes % C), n_channel = _mm512_set1_epi32(C);
+  const __m512i stride = _mm512_set1_epi32(int(r.table_stride)), zero = _mm512_setzero_si512();
+  const int* entries = reinterpret_cast<const int*>(r.entries);
+  const int* rcps = reinterpret_cast<const int*>(rcp);
+  __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
+  uint8_t* ptr = st.ptr;
+  for (uint32_t g = n; g > 0; g -= kLanes) {
+    const uint8_t* group = sym + g - kLanes;
+    const __m512i k0 = _mm512_add_epi32(_mm512_mullo_epi32(ch0, stride),
+                                        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group))));
+    const __m512i k1 = _mm512_add_epi32(_mm512_mullo_epi32(ch1, stride),
+                                        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16))));
+    // Lanes 31..16 flush above lanes 15..0, as the scalar loop's order puts them.
+    EncodeVector(x1, ptr, _mm512_i32gather_epi32(k1, entries, 4), _mm512_i32gather_epi32(k1, rcps, 4));
+    EncodeVector(x0, ptr, _mm512_i32gather_epi32(k0, entries, 4), _mm512_i32gather_epi32(k0, rcps, 4));
+    ch0 = _mm512_sub_epi32(ch0, back);
+    ch0 = _mm512_mask_add_epi32(ch0, _mm512_cmplt_epi32_mask(ch0, zero), ch0, n_channel);
+    ch1 = _mm512_sub_epi32(ch1, back);
+    ch1 = _mm512_mask_add_epi32(ch1, _mm512_cmplt_epi32_mask(ch1, zero), ch1, n_channel);
+  }
+  _mm512_storeu_si512(st.x, x0);
+  _mm512_storeu_si512(st.x + 16, x1);
+  st.ptr = ptr;
+}
+#else
+void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
+  EncodeRunScalar(st, r, rcp, n, sym);
+}
+#endif
+
 #if KVSERVE_RANS_AVX512
 bool HaveSimdDecoder() { return true; }
 
 namespace {
+
+// The states below kLow take the next words of the stream, in lane order: one expand-load.
+inline void Renormalize(__m512i& x, const uint8_t*& ptr) {
+  const __mmask16 m = _mm512_cmplt_epu32_mask(x, _mm512_set1_epi32(kLow));
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr)));
+  x = _mm512_mask_or_epi32(x, m, _mm512_slli_epi32(x, 16), _mm512_maskz_expand_epi32(m, w));
+  ptr += 2 * std::popcount(unsigned(m));
+}
 
 // Compare-scan decode over lane tables (see LaneTables).
 bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, uint32_t n, uint8_t* out) {
   const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel, A = 1u << r.bits;
   const bool blocks = C % 16 == 0;
   __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
-  const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1), low = _mm512_set1_epi32(kLow);
+  const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1);
   // Low bits of the key: above every entry's freq << 7 | s (at most 0x8007f), and below the
   // all-ones of a never-matching entry even when slot is 4095.
   const __m512i below = _mm512_set1_epi32((1 << 20) - 2), freq_mask = _mm512_set1_epi32(0x1fff);
@@ -120,14 +226,8 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
         _mm512_sub_epi32(s1, _mm512_srli_epi32(e1, 20)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm512_cvtepi32_epi8(_mm512_and_si512(e0, sym_mask)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 16), _mm512_cvtepi32_epi8(_mm512_and_si512(e1, sym_mask)));
-    const __mmask16 m0 = _mm512_cmplt_epu32_mask(x0, low);
-    const __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr)));
-    x0 = _mm512_mask_or_epi32(x0, m0, _mm512_slli_epi32(x0, 16), _mm512_maskz_expand_epi32(m0, w0));
-    ptr += 2 * std::popcount(unsigned(m0));
-    const __mmask16 m1 = _mm512_cmplt_epu32_mask(x1, low);
-    const __m512i w1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr)));
-    x1 = _mm512_mask_or_epi32(x1, m1, _mm512_slli_epi32(x1, 16), _mm512_maskz_expand_epi32(m1, w1));
-    ptr += 2 * std::popcount(unsigned(m1));
+    Renormalize(x0, ptr);
+    Renormalize(x1, ptr);
     if (blocks) ch = ch1 + 16 == C ? 0 : ch1 + 16;
   }
   _mm512_storeu_si512(st.x, x0);
@@ -152,7 +252,6 @@ bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane
   const __m512i advance = _mm512_set1_epi32(int(kLanes % C)), n_channel = _mm512_set1_epi32(int(C));
   const __m512i stride = _mm512_set1_epi32(int(r.table_stride));
   const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1), lo16 = _mm512_set1_epi32(0xffff);
-  const __m512i low = _mm512_set1_epi32(kLow);
   __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
   const uint8_t* ptr = st.ptr;
   const int* entries = reinterpret_cast<const int*>(r.entries);
@@ -185,15 +284,8 @@ bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane
                           _mm512_sub_epi32(s1, _mm512_and_si512(e1, lo16)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm512_cvtepi32_epi8(y0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 16), _mm512_cvtepi32_epi8(y1));
-    // Renormalise: the states below kLow take the next words, in lane order.
-    const __mmask16 m0 = _mm512_cmplt_epu32_mask(x0, low);
-    const __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr)));
-    x0 = _mm512_mask_or_epi32(x0, m0, _mm512_slli_epi32(x0, 16), _mm512_maskz_expand_epi32(m0, w0));
-    ptr += 2 * std::popcount(unsigned(m0));
-    const __mmask16 m1 = _mm512_cmplt_epu32_mask(x1, low);
-    const __m512i w1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr)));
-    x1 = _mm512_mask_or_epi32(x1, m1, _mm512_slli_epi32(x1, 16), _mm512_maskz_expand_epi32(m1, w1));
-    ptr += 2 * std::popcount(unsigned(m1));
+    Renormalize(x0, ptr);
+    Renormalize(x1, ptr);
     ch0 = _mm512_add_epi32(ch0, advance);
     ch0 = _mm512_mask_sub_epi32(ch0, _mm512_cmpge_epu32_mask(ch0, n_channel), ch0, n_channel);
     ch1 = _mm512_add_epi32(ch1, advance);

@@ -54,4 +54,21 @@ bool DecodeRun(DecoderState& st, const Run& run, const std::vector<uint32_t>& la
                const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out);
 bool HaveSimdDecoder();
 
+// Encoder side of a run: the same tables (entries start | freq << 16) plus, per entry, the
+// reciprocal that replaces the division by freq (x / f == (x * rcp) >> 32 >> shift for every
+// x < 2^31, shift = ceil(log2 f) - 1; for f = 1, rcp = 2^32 - 1 and shift 0 with start + scale - 1
+// as the bias make the same formula exact). See EncodeReciprocal.
+uint32_t EncodeReciprocal(uint32_t freq);
+
+struct EncoderState {
+  uint32_t x[kLanes];
+  uint8_t* ptr = nullptr;  // the stream grows downwards from here; at least 2 bytes per symbol + 2 of room below
+};
+
+// Encodes a run's symbols (a multiple of kLanes) backwards — the last group first, lanes from
+// 31 down — so that DecodeRun reads them forwards. `rcp` is laid out like `run.entries`.
+void EncodeRunScalar(EncoderState& st, const Run& run, const uint32_t* rcp, uint32_t n, const uint8_t* sym);
+// The same stream with AVX-512 where built with it (16 lanes per vector, compress-stored words).
+void EncodeRun(EncoderState& st, const Run& run, const uint32_t* rcp, uint32_t n, const uint8_t* sym);
+
 }  // namespace kvserve::rans
