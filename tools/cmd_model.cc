@@ -355,8 +355,8 @@ void AddModelCommands(CLI::App& app) {
     auto mixhq_study = std::make_shared<bool>(false);
     auto lo_frac = std::make_shared<double>(0.8);
     c->add_flag("--mixhq-study", *mixhq_study,
-                "MixHQ head rankings (random, retrieval score, measured sensitivity) against uniform levels at "
-                "equal average bits")->excludes(so);
+                "MixHQ against uniform levels at equal average bits: head rankings (random, retrieval score, "
+                "measured sensitivity) and the bit-budget solver on measured slab sensitivities")->excludes(so);
     c->add_option("--lo-frac", *lo_frac, "with --mixhq-study: share of coarse heads")->capture_default_str();
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {

@@ -14,8 +14,8 @@
 // Coder: 32 interleaved rANS states, 12-bit probabilities, 16-bit renormalisation words in one
 // stream (the encoder runs backwards, so the decoder reads forwards); every run of symbols is
 // padded to a multiple of 32 with its tables' likeliest symbols so that a group of 32 never
-// straddles two tables' layouts. The decoder (rans_kernels.h) uses AVX-512 gathers where built
-// with them. Every state must end where the encoder started it, which catches corruption the
+// straddles two tables' layouts. The loops over symbols (rans_kernels.h) use AVX-512 where built
+// with it. Every state must end where the encoder started it, which catches corruption the
 // frame checksum did not.
 //
 // Payload: u8 version 2 | u8 prob_bits | u8 lanes

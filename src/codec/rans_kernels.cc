@@ -1,5 +1,6 @@
-// rANS decode loops: a plain scalar reference and an AVX-512 version that decodes two vectors of
-// 16 states per step (table lookups by gather, renormalisation by expand-load).
+// rANS loops: plain scalar references and AVX-512 versions that code two vectors of 16 states per
+// step (decode: lane-table compares, slot tables or gathers, expand-load renormalisation;
+// encode: gathered tables, compress-stored words).
 #include "codec/rans_kernels.h"
 
 #include <bit>

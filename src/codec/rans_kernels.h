@@ -1,5 +1,5 @@
-// rANS decoding kernels for the `rans` stage: 32 interleaved states with 16-bit renormalisation,
-// laid out so AVX-512 decodes 16 states per vector while the scalar reference reads the same stream.
+// rANS kernels for the `rans` stage: 32 interleaved states with 16-bit renormalisation, laid out
+// so AVX-512 codes 16 states per vector while the scalar reference reads and writes the same stream.
 #pragma once
 
 #include <cstdint>
