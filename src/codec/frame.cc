@@ -148,7 +148,7 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
     const KvShape& sh = v.header.shape;
     if (n_positions > sh.n_token) return Status::Corrupt("frame keeps " + std::to_string(n_positions) + " of " + std::to_string(sh.n_token) + " tokens");
     v.header.positions.resize(n_positions);
-    std::memcpy(v.header.positions.data(), p + kFrameFixedHeader + spec_len + 4, 4 * n_positions);
+    if (n_positions > 0) std::memcpy(v.header.positions.data(), p + kFrameFixedHeader + spec_len + 4, 4 * n_positions);
     for (uint64_t i = 0; i < n_positions; ++i) {
       const uint32_t q = v.header.positions[i];
       if (q < v.header.token_offset || q - v.header.token_offset >= sh.n_token || (i && q <= v.header.positions[i - 1])) {
