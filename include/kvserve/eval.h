@@ -116,8 +116,9 @@ Result<std::vector<double>> SlabSensitivities(Evaluator& ev, int probe_m = 3, in
 // The bit-budget solver: a level limit per slab holding `target_bits` (average log2(2m + 1), the
 // code width before entropy coding) that minimises the modelled KL sum_s w_s (probe_m / m_s)^2 —
 // quantisation noise power falls as 1/m^2 and KL grows linearly in it for small noise. Greedy
-// on the marginal KL saved per bit spent, which is optimal here because each slab's
-// saving per bit decreases as m grows. Equal weights give (nearly) uniform limits.
+// on the marginal KL saved per bit spent; each slab's saving per bit decreases as m grows, so
+// this is optimal up to the last step that no longer fits the budget. Equal weights give
+// uniform limits (within one level).
 std::vector<int> AllocateMixHqLevels(const std::vector<double>& weight, int probe_m, double target_bits, int max_m = 127);
 std::string MixHqLevelsSpec(const std::vector<int>& levels, const std::string& coder = "|rans");
 
