@@ -50,6 +50,18 @@ json MetricsJson(const EvalMetrics& m) {
           {"seconds", m.seconds}};
 }
 
+// The MixHQ solver's weights, measured with a progress line: KL increase of each slab at limit
+// kSolverProbe while the others are near exact (limit 63).
+constexpr int kSolverProbe = 3;
+Result<std::vector<double>> MeasureSlabSensitivities(Evaluator& ev) {
+  const LlamaConfig& c = ev.model().config;
+  Progress p("slab sensitivity", size_t(c.n_layer) * 2 * c.n_head_kv);
+  KV_ASSIGN_OR_RETURN(std::vector<double> w,
+                      SlabSensitivities(ev, kSolverProbe, 63, "|rans", [&](uint64_t d, uint64_t) { p.Update(d); }));
+  p.Done();
+  return w;
+}
+
 // MixHQ rankings against uniform precision at equal average bits (docs/results/mixhq.md).
 Status RunMixHqStudy(const ModelFlags& mf, const EvalFlags& ef, double lo_frac, bool as_json) {
   KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer));
@@ -93,27 +105,23 @@ Status RunMixHqStudy(const ModelFlags& mf, const EvalFlags& ef, double lo_frac, 
   // several average code widths; controls at 3.5 bits: equal weights, the same weights shuffled
   // across slabs, and the retrieval score as the weight.
   const size_t n_slab = size_t(m.config.n_layer) * 2 * hk;
-  Progress pss("slab sensitivity", n_slab);
-  constexpr int kProbe = 3;
-  KV_ASSIGN_OR_RETURN(std::vector<double> weight,
-                      SlabSensitivities(*ev, kProbe, 63, "|rans", [&](uint64_t d, uint64_t) { pss.Update(d); }));
-  pss.Done();
+  KV_ASSIGN_OR_RETURN(std::vector<double> weight, MeasureSlabSensitivities(*ev));
   for (double bits : {3.0, 3.5, 4.0, 4.5}) {
     char name[64];
     std::snprintf(name, sizeof name, "solver %.1f bits", bits);
-    KV_RETURN_IF_ERROR(run(name, "solver", MixHqLevelsSpec(AllocateMixHqLevels(weight, kProbe, bits))));
+    KV_RETURN_IF_ERROR(run(name, "solver", MixHqLevelsSpec(AllocateMixHqLevels(weight, kSolverProbe, bits))));
   }
   KV_RETURN_IF_ERROR(run("solver, equal weights", "control",
-                         MixHqLevelsSpec(AllocateMixHqLevels(std::vector<double>(n_slab, 1.0), kProbe, 3.5))));
+                         MixHqLevelsSpec(AllocateMixHqLevels(std::vector<double>(n_slab, 1.0), kSolverProbe, 3.5))));
   for (uint64_t seed : {1, 2}) {
     std::vector<double> shuffled = weight;
     std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937_64(seed));
     KV_RETURN_IF_ERROR(run("solver, shuffled (" + std::to_string(seed) + ")", "control",
-                           MixHqLevelsSpec(AllocateMixHqLevels(shuffled, kProbe, 3.5))));
+                           MixHqLevelsSpec(AllocateMixHqLevels(shuffled, kSolverProbe, 3.5))));
   }
   std::vector<double> by_retrieval(n_slab);
   for (size_t s = 0; s < n_slab; ++s) by_retrieval[s] = retrieval[s / (2 * hk) * hk + s % hk].retrieval;
-  KV_RETURN_IF_ERROR(run("solver, retrieval weights", "control", MixHqLevelsSpec(AllocateMixHqLevels(by_retrieval, kProbe, 3.5))));
+  KV_RETURN_IF_ERROR(run("solver, retrieval weights", "control", MixHqLevelsSpec(AllocateMixHqLevels(by_retrieval, kSolverProbe, 3.5))));
   std::fprintf(stderr, "\r\033[K");
   // Uniform curve at a row's average bits, by linear interpolation between neighbours.
   std::vector<const Row*> uni;
@@ -190,16 +198,12 @@ Status RunTable(const ModelFlags& mf, const EvalFlags& ef, bool as_json, const s
   std::vector<NamedStrategy> list = StrategyTable(m.config, ev->prompt_len(), basis);
   // MixHQ with the bit-budget solver needs this model's slab sensitivities (one evaluation per
   // slab), so its rows are added here rather than in the static table.
-  {
-    Progress ps("slab sensitivity", size_t(m.config.n_layer) * 2 * m.config.n_head_kv);
-    KV_ASSIGN_OR_RETURN(std::vector<double> w, SlabSensitivities(*ev, 3, 63, "|rans", [&](uint64_t d, uint64_t) { ps.Update(d); }));
-    ps.Done();
-    for (int bits : {4, 3, 2}) {
-      list.push_back({"mixhq-solver" + std::to_string(bits), MixHqLevelsSpec(AllocateMixHqLevels(w, 3, bits)),
-                      "MixHQ limits per (layer, K/V, head) from the bit-budget solver on measured slab sensitivities, " +
-                          std::to_string(bits) + "-bit average code width (docs/results/mixhq.md)",
-                      true});
-    }
+  KV_ASSIGN_OR_RETURN(std::vector<double> w, MeasureSlabSensitivities(*ev));
+  for (int bits : {4, 3, 2}) {
+    list.push_back({"mixhq-solver" + std::to_string(bits), MixHqLevelsSpec(AllocateMixHqLevels(w, kSolverProbe, bits)),
+                    "MixHQ limits per (layer, K/V, head) from the bit-budget solver on measured slab sensitivities, " +
+                        std::to_string(bits) + "-bit average code width (docs/results/mixhq.md)",
+                    true});
   }
   KV_ASSIGN_OR_RETURN(KvBlock block, BenchBlock(bench_tokens, 2));
   // Codec speed is measured on the synthetic llama3-8b block, which needs a basis of its own shape.

@@ -80,6 +80,17 @@ std::vector<Block> MakeBlocks(bool v, uint32_t n_token, uint32_t group, uint32_t
   return out;
 }
 
+// The integers of a list parameter ("3.1.4"; empty for ""); the parser has checked the text.
+std::vector<uint64_t> DotList(const std::string& text) {
+  std::vector<uint64_t> out;
+  for (size_t i = 0; i < text.size();) {
+    const size_t j = std::min(text.find('.', i), text.size());
+    out.push_back(std::stoull(text.substr(i, j - i)));
+    i = j + 1;
+  }
+  return out;
+}
+
 Result<Layout> MakeLayout(const Params& p, const KvShape& shape) {
   Layout L;
   L.shape = shape;
@@ -94,27 +105,19 @@ Result<Layout> MakeLayout(const Params& p, const KvShape& shape) {
     for (uint32_t i = n_heads; i > 1; --i) std::swap(order[i - 1], order[rng.Next() % i]);
     const uint32_t n_fine = uint32_t(std::lround((1.0 - p.lo_frac) * n_heads));
     for (uint32_t i = 0; i < n_fine; ++i) fine[order[i]] = true;
-  } else if (!p.heads.empty()) {
-    size_t i = 0;
-    while (i < p.heads.size()) {
-      const size_t j = std::min(p.heads.find('.', i), p.heads.size());
-      const uint64_t h = std::stoull(p.heads.substr(i, j - i));
+  } else {
+    for (uint64_t h : DotList(p.heads)) {
       if (h >= n_heads) {
         return Status::InvalidArgument("mixhq heads lists head " + std::to_string(h) + ", but the block has " +
                                        std::to_string(n_heads) + " (layer x KV head)");
       }
       fine[h] = true;
-      i = j + 1;
     }
   }
   for (uint32_t h = 0; h < std::min(n_heads, p.boost_layers * shape.n_head_kv); ++h) fine[h] = true;
-  std::vector<uint8_t> levels;
+  std::vector<uint64_t> levels;  // 1..127, checked by the parser
   if (p.levels != "auto") {
-    for (size_t i = 0; i < p.levels.size();) {
-      const size_t j = std::min(p.levels.find('.', i), p.levels.size());
-      levels.push_back(uint8_t(std::stoul(p.levels.substr(i, j - i))));  // 1..127, checked by the parser
-      i = j + 1;
-    }
+    levels = DotList(p.levels);
     if (levels.size() != shape.n_slab()) {
       return Status::InvalidArgument("mixhq levels lists " + std::to_string(levels.size()) + " limits, but the block has " +
                                      std::to_string(shape.n_slab()) + " (layer x K/V x KV head)");
@@ -129,8 +132,8 @@ Result<Layout> MakeLayout(const Params& p, const KvShape& shape) {
     uint8_t fine_m = uint8_t(v ? p.vfine : p.kfine);
     L.limit[s] = fine[head] ? fine_m : uint8_t(v ? p.vcoarse : p.kcoarse);
     if (!levels.empty()) {
-      L.limit[s] = levels[s];
-      fine_m = std::max(fine_m, levels[s]);  // sink tokens never get fewer levels than their head
+      L.limit[s] = uint8_t(levels[s]);
+      fine_m = std::max(fine_m, L.limit[s]);  // sink tokens never get fewer levels than their head
     }
     L.blocks[s] = MakeBlocks(v, shape.n_token, L.group, p.sink, L.limit[s], fine_m);
     uint64_t bytes = 0;

@@ -55,12 +55,13 @@ uint32_t Padded(uint64_t n) { return uint32_t((n + kLanes - 1) / kLanes * kLanes
 // contexts, each in order of first appearance) and their tables.
 struct Context {
   uint32_t first_table = 0;
-  uint32_t n_tables = 0;   // in use: n_channel, or 1 when shared (room is kept for n_channel)
   uint32_t n_channel = 1;  // channels cycled through by the symbols (metadata: 2, low/high byte)
   uint8_t bits = 0;
   bool per_channel = true;        // one table per channel, else one for all (the first)
   std::vector<uint32_t> sections;  // indices, in offset order
   uint64_t n_symbols = 0;          // unpadded (metadata: both bytes of every value)
+  // Tables in use; room is kept for n_channel either way.
+  uint32_t n_tables() const { return per_channel ? n_channel : 1; }
 };
 struct Layout {
   std::vector<Context> code, half;
@@ -100,7 +101,6 @@ Result<Layout> MakeLayout(const std::vector<CodeSection>& secs) {
       Context c;
       c.bits = half ? kHalfBits : s.bits;
       c.n_channel = half ? 2 : s.n_channel;
-      c.n_tables = c.n_channel;
       list.push_back(c);
     }
     Context& c = list[size_t(index[s.context])];
@@ -256,7 +256,7 @@ constexpr uint8_t kPredicted = 1, kShared = 2;  // code context flags
 // Picks prediction and table sharing for one code context: the smallest estimated size, tables
 // included, among what the strategy allows (counts of a disallowed variant are all zero and
 // never chosen). Leaves the chosen counts in `counts`' table slots and returns the flags.
-uint8_t ChooseTables(Layout& L, Context& c, std::vector<uint64_t>& counts, const std::vector<uint64_t>& counts_pred,
+uint8_t ChooseTables(const Layout& L, Context& c, std::vector<uint64_t>& counts, const std::vector<uint64_t>& counts_pred,
                      Choice per_channel, Choice predict) {
   const uint32_t A = 1u << c.bits, o0 = L.table_offset[c.first_table];
   std::vector<uint64_t> shared(A);
@@ -297,7 +297,6 @@ uint8_t ChooseTables(Layout& L, Context& c, std::vector<uint64_t>& counts, const
     std::copy_n(cnt, size_t(c.n_channel) * A, &counts[o0]);
   }
   c.per_channel = !(flags & kShared);
-  c.n_tables = c.per_channel ? c.n_channel : 1;
   return flags;
 }
 
@@ -410,11 +409,11 @@ class RansStage final : public Stage {
     Put<uint32_t>(o, uint32_t(L.half.size()));
     o->insert(o->end(), coded.begin(), coded.end());
     uint32_t n_tables = 0;
-    for (const Context& c : L.code) n_tables += c.n_tables;
+    for (const Context& c : L.code) n_tables += c.n_tables();
     for (size_t k = 0; k < L.half.size(); ++k) n_tables += coded[k] ? 2 : 0;
     Put<uint32_t>(o, n_tables);
     auto put_tables = [&](const Context& c) {
-      for (uint32_t t = c.first_table; t < c.first_table + c.n_tables; ++t) {
+      for (uint32_t t = c.first_table; t < c.first_table + c.n_tables(); ++t) {
         Put<uint8_t>(o, L.table_bits[t]);
         PutTable(o, &freq[L.table_offset[t]], 1u << L.table_bits[t]);
       }
@@ -474,13 +473,12 @@ class RansStage final : public Stage {
         return Status::Corrupt("rans context flag " + std::to_string(f) + " does not fit the strategy");
       }
       L.code[k].per_channel = !(f & kShared);
-      L.code[k].n_tables = L.code[k].per_channel ? L.code[k].n_channel : 1;
     }
     for (uint8_t f : coded) {
       if (f > 1) return Status::Corrupt("rans metadata flag " + std::to_string(f) + " is not 0 or 1");
     }
     uint32_t want_tables = 0;
-    for (const Context& c : L.code) want_tables += c.n_tables;
+    for (const Context& c : L.code) want_tables += c.n_tables();
     for (uint32_t k = 0; k < n_half; ++k) want_tables += coded[k] ? 2 : 0;
     KV_ASSIGN_OR_RETURN(uint32_t n_tables, r.Get<uint32_t>("n_tables"));
     if (n_tables != want_tables) {
@@ -490,7 +488,7 @@ class RansStage final : public Stage {
     // Decoder tables: per symbol start | freq << 16.
     std::vector<uint32_t> entries(L.n_entries, 0);
     auto read_tables = [&](const Context& c) -> Status {
-      for (uint32_t t = c.first_table; t < c.first_table + c.n_tables; ++t) {
+      for (uint32_t t = c.first_table; t < c.first_table + c.n_tables(); ++t) {
         KV_ASSIGN_OR_RETURN(uint8_t bits, r.Get<uint8_t>("table bits"));
         if (bits != L.table_bits[t]) {
           return Status::Corrupt("rans table " + std::to_string(t) + " has " + std::to_string(bits) + " bits, expected " +
@@ -565,7 +563,7 @@ class RansStage final : public Stage {
       Lookup t;
       const rans::Run run = run_of(c);
       t.lanes = rans::LaneTables(run);
-      if (t.lanes.empty() && uint64_t(c.n_tables) * kProbScale <= c.n_symbols) t.slots = rans::SlotTables(run);
+      if (t.lanes.empty() && uint64_t(c.n_tables()) * kProbScale <= c.n_symbols) t.slots = rans::SlotTables(run);
       return t;
     };
     std::vector<Lookup> code_lookup(L.code.size());
