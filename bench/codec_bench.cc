@@ -15,7 +15,7 @@ namespace kvserve {
 namespace {
 
 const KvBlock& Block() {
-  static KvBlock b = BenchBlock(256, 2).value();  // 32 MiB of fp16
+  static KvBlock b = BenchBlock(256).value();  // 32 MiB of fp16
   return b;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kvserve/codec.h"
+#include "kvserve/file.h"
 #include "kvserve/frame.h"
 
 namespace {

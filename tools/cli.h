@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "kvserve/codec.h"
 #include "kvserve/status.h"
+#include "kvserve/thread_pool.h"
 
 namespace kvserve::cli {
 
@@ -16,6 +18,19 @@ namespace kvserve::cli {
 using Action = std::function<Status()>;
 void SetAction(CLI::App* cmd, Action action);
 int Run(CLI::App& app, int argc, char** argv);
+
+// The CLI's environment, resolved here and passed to the library as arguments (library code
+// reads no variables): folders default to $KVSERVE_MODELS, $KVSERVE_CACHE (calibration data in
+// its calib/ unless $KVSERVE_CALIB says otherwise), else the source tree's models/ and
+// .kvserve-cache/.
+std::string SourceDir();
+std::string ModelsDir();
+std::string CacheDir();
+std::string CalibDir();
+// The process's codec environment (one calibration store over CalibDir()).
+const CodecEnv& Codec();
+// One reusable pool per thread count for the process; null for threads <= 1.
+ThreadPool* Pool(int threads);
 
 double NowSeconds();
 double Median(std::vector<double> v);

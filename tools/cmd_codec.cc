@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "kvserve/codec.h"
 #include "kvserve/codec_bench.h"
+#include "kvserve/file.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
 
@@ -41,7 +42,7 @@ json StatsJson(const KvErrorStats& s) {
 Result<KvBlock> ReadAnyFrame(const std::string& path) {
   KV_ASSIGN_OR_RETURN(ByteBuffer bytes, ReadFile(path));
   KvBlock b;
-  Status st = DecodeKv(bytes, &b, {});
+  Status st = DecodeKv(bytes, &b, {}, Codec());
   if (!st.ok()) return st.WithContext("'" + path + "'");
   return b;
 }
@@ -71,7 +72,7 @@ void AddCodecCommands(CLI::App& app) {
       SynthOptions o;
       o.seed = *seed;
       KV_ASSIGN_OR_RETURN(o.dtype, ParseDType(*dtype));
-      o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      o.pool = Pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
       KV_ASSIGN_OR_RETURN(KvBlock b, SynthesizeKv(s, o));
       KV_RETURN_IF_ERROR(WriteKvFile(*out, b));
       std::printf("wrote %s: %s %s, %.1f MiB\n", out->c_str(), s.ToString().c_str(), DTypeName(b.dtype()),
@@ -93,11 +94,11 @@ void AddCodecCommands(CLI::App& app) {
     c->add_option("-o,--output", *out, "output frame")->required();
     c->add_option("--threads", *threads, "worker threads")->capture_default_str();
     SetAction(c, [=]() -> Status {
-      KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(*spec));
+      KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(*spec, Codec()));
       KV_ASSIGN_OR_RETURN(KvBlock b, ReadAnyFrame(*in));
       ByteBuffer frame;
       CodecOptions o;
-      o.threads = *threads;
+      o.pool = Pool(*threads);
       const double t0 = NowSeconds();
       KV_RETURN_IF_ERROR(p.Encode(b, &frame, o));
       const double dt = NowSeconds() - t0;
@@ -163,10 +164,12 @@ void AddCodecCommands(CLI::App& app) {
       const std::vector<std::string>& list = specs->empty() ? kDefaultBenchStrategies : *specs;
       for (const auto& s : list) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
       KV_ASSIGN_OR_RETURN(KvBlock block,
-                          BenchBlock(*tokens, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
+                          BenchBlock(*tokens, Pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))));
       BenchOptions bo;
       bo.runs = *runs;
       bo.threads = *threads;
+      bo.pool = Pool(*threads);
+      bo.env = Codec();
       KV_RETURN_IF_ERROR(CanonicalStrategy(*entropy_payload + "|rans").status());
       Progress progress("codec bench", list.size() + 4);
       const double memcpy_gbps = MeasureMemcpyGbps(block.bytes(), *runs);

@@ -5,13 +5,14 @@
 #include "cli.h"
 #include "kvserve/controller.h"
 #include "kvserve/profile.h"
+#include "control/simulator.h"
 
 namespace kvserve::cli {
 namespace {
 
 using json = nlohmann::json;
 
-const std::string kSource = KVSERVE_SOURCE_DIR;
+const std::string kSource = SourceDir();
 
 struct ControlFlags {
   std::string profile = kSource + "/bench/profiles/default.json";

@@ -12,8 +12,10 @@
 #include "model_flags.h"
 #include "table.h"
 #include "kvserve/eval.h"
+#include "kvserve/file.h"
 #include "kvserve/frame.h"
 #include "kvserve/model.h"
+#include "model/studies.h"
 
 namespace kvserve::cli {
 namespace {
@@ -64,7 +66,7 @@ Result<std::vector<double>> MeasureSlabSensitivities(Evaluator& ev) {
 
 // MixHQ rankings against uniform precision at equal average bits (docs/results/mixhq.md).
 Status RunMixHqStudy(const ModelFlags& mf, const EvalFlags& ef, double lo_frac, bool as_json) {
-  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer));
+  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer, ModelsDir()));
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, ef));
   const uint32_t hk = m.config.n_head_kv;
   struct Row {
@@ -99,7 +101,7 @@ Status RunMixHqStudy(const ModelFlags& mf, const EvalFlags& ef, double lo_frac, 
   KV_RETURN_IF_ERROR(run("sensitivity", "sensitivity", MixHqSpecFromScores(sensitivity, hk, lo_frac)));
   // Inverted sensitivity: the control that should do worst.
   std::vector<HeadScore> inverted = sensitivity;
-  for (auto& h : inverted) h.retrieval = -h.retrieval;
+  for (auto& h : inverted) h.score = -h.score;
   KV_RETURN_IF_ERROR(run("least sensitive fine", "control", MixHqSpecFromScores(inverted, hk, lo_frac)));
   // The bit-budget solver: limits per (layer, K/V, head) from measured slab sensitivities, at
   // several average code widths; controls at 3.5 bits: equal weights, the same weights shuffled
@@ -120,7 +122,7 @@ Status RunMixHqStudy(const ModelFlags& mf, const EvalFlags& ef, double lo_frac, 
                            MixHqLevelsSpec(AllocateMixHqLevels(shuffled, kSolverProbe, 3.5))));
   }
   std::vector<double> by_retrieval(n_slab);
-  for (size_t s = 0; s < n_slab; ++s) by_retrieval[s] = retrieval[s / (2 * hk) * hk + s % hk].retrieval;
+  for (size_t s = 0; s < n_slab; ++s) by_retrieval[s] = retrieval[s / (2 * hk) * hk + s % hk].score;
   KV_RETURN_IF_ERROR(run("solver, retrieval weights", "control", MixHqLevelsSpec(AllocateMixHqLevels(by_retrieval, kSolverProbe, 3.5))));
   std::fprintf(stderr, "\r\033[K");
   // Uniform curve at a row's average bits, by linear interpolation between neighbours.
@@ -192,9 +194,9 @@ std::string TileLevels(const std::string& spec, uint64_t n_slab) {
 
 Status RunTable(const ModelFlags& mf, const EvalFlags& ef, bool as_json, const std::string& md_path,
                 const std::string& svg_path, uint32_t bench_tokens) {
-  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer));
+  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer, ModelsDir()));
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, ef));
-  KV_ASSIGN_OR_RETURN(uint64_t basis, CalibrateLowRank(m));
+  KV_ASSIGN_OR_RETURN(uint64_t basis, CalibrateLowRank(m, CalibDir(), CacheDir()));
   std::vector<NamedStrategy> list = StrategyTable(m.config, ev->prompt_len(), basis);
   // MixHQ with the bit-budget solver needs this model's slab sensitivities (one evaluation per
   // slab), so its rows are added here rather than in the static table.
@@ -205,13 +207,14 @@ Status RunTable(const ModelFlags& mf, const EvalFlags& ef, bool as_json, const s
                         std::to_string(bits) + "-bit average code width (docs/results/mixhq.md)",
                     true});
   }
-  KV_ASSIGN_OR_RETURN(KvBlock block, BenchBlock(bench_tokens, 2));
+  KV_ASSIGN_OR_RETURN(KvBlock block, BenchBlock(bench_tokens, Pool(2)));
   // Codec speed is measured on the synthetic llama3-8b block, which needs a basis of its own shape.
   KV_ASSIGN_OR_RETURN(LowRankBasis bench_basis, FitLowRankBasis({&block}));
-  KV_RETURN_IF_ERROR(SaveLowRankBasis(bench_basis).status());
+  KV_RETURN_IF_ERROR(SaveLowRankBasis(bench_basis, CalibDir()).status());
   const std::string model_id = "basis=" + std::to_string(basis), bench_id = "basis=" + std::to_string(bench_basis.id);
   BenchOptions bo;
   bo.runs = 3;
+  bo.env = Codec();
   std::vector<TableRow> rows;
   Progress p("strategy table", list.size());
   for (size_t i = 0; i < list.size(); ++i) {
@@ -270,7 +273,7 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("--seed", *seed, "sampling seed")->capture_default_str();
     c->add_flag("--ids", *ids_out, "print token ids instead of text");
     SetAction(c, [=]() -> Status {
-      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
       std::vector<int> in;
       if (!tokens->empty()) {
         KV_ASSIGN_OR_RETURN(in, ParseIds(*tokens));
@@ -311,7 +314,7 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("-o,--output", *out, "output .kvf")->required();
     SetAction(c, [=]() -> Status {
       if (prompt->empty() && *context < 0) return Status::InvalidArgument("give --prompt TEXT or --context K");
-      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
       KV_ASSIGN_OR_RETURN(DType dt, ParseDType(*dtype));
       KvBlock kv;
       if (*context >= 0) {
@@ -368,7 +371,7 @@ void AddModelCommands(CLI::App& app) {
       if (*mixhq_study) return RunMixHqStudy(*mf, *ef, *lo_frac, *as_json);
       if (specs->empty()) return Status::InvalidArgument("give --strategy SPEC (repeatable) or --table");
       for (const auto& s : *specs) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
-      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
       KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, *ef));
       std::vector<EvalMetrics> rows;
       for (const auto& s : *specs) {
@@ -412,10 +415,10 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("--contexts", *contexts, "calibration contexts")->capture_default_str();
     c->add_option("--seed", *seed, "calibration-set seed (keep it apart from the evaluation seed)")->capture_default_str();
     SetAction(c, [=]() -> Status {
-      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
-      KV_ASSIGN_OR_RETURN(uint64_t id, CalibrateLowRank(m, *contexts, *seed));
+      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
+      KV_ASSIGN_OR_RETURN(uint64_t id, CalibrateLowRank(m, CalibDir(), CacheDir(), *contexts, *seed));
       std::printf("lowrank basis %llu for %s saved in %s\nuse it as: lowrank(rank=%u,basis=%llu)|quant|rans\n",
-                  static_cast<unsigned long long>(id), m.name.c_str(), CalibrationDir().c_str(), m.config.head_dim() / 2,
+                  static_cast<unsigned long long>(id), m.name.c_str(), CalibDir().c_str(), m.config.head_dim() / 2,
                   static_cast<unsigned long long>(id));
       return Status::Ok();
     });
@@ -428,7 +431,7 @@ void AddModelCommands(CLI::App& app) {
       auto mf = std::make_shared<ModelFlags>();
       mf->Add(c);
       SetAction(c, [=]() -> Status {
-        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
         const LlamaConfig& k = m.config;
         std::printf("%s  %s\nsha256 %s\ndim %u, hidden %u, layers %u, heads %u, kv heads %u, head_dim %u, vocab %u, context %u, "
                     "%s classifier\n",
@@ -446,7 +449,7 @@ void AddModelCommands(CLI::App& app) {
       c->add_option("--runs", *runs, "runs (median)")->capture_default_str();
       c->add_flag("--json", *as_json, "machine-readable output");
       SetAction(c, [=]() -> Status {
-        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
         LlamaEngine engine(m);
         KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(m.config));
         const uint32_t prompt = m.config.seq_len * 3 / 4, steps = m.config.seq_len - prompt;
@@ -488,7 +491,7 @@ void AddModelCommands(CLI::App& app) {
       c->add_option("--recent", ho->recent, "recent-window tokens before each query")->capture_default_str();
       c->add_flag("--json", *as_json, "machine-readable output");
       SetAction(c, [=]() -> Status {
-        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer));
+        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
         KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, *ef));
         Progress p("head profile", ev->eval_set().contexts.size());
         KV_ASSIGN_OR_RETURN(std::vector<HeadScore> scores,
@@ -500,7 +503,7 @@ void AddModelCommands(CLI::App& app) {
           json j = {{"model", m.name}, {"model_sha256", m.sha256}, {"window", ho->window}, {"sink", ho->sink},
                     {"recent", ho->recent}, {"heads", json::array()}};
           for (const auto& h : scores) {
-            j["heads"].push_back({{"layer", h.layer}, {"head", h.head}, {"retrieval", h.retrieval}, {"rank", h.rank}});
+            j["heads"].push_back({{"layer", h.layer}, {"head", h.head}, {"retrieval", h.score}, {"rank", h.rank}});
           }
           std::printf("%s\n", j.dump(2).c_str());
           return Status::Ok();
@@ -509,8 +512,8 @@ void AddModelCommands(CLI::App& app) {
                     ho->sink, ho->recent);
         std::printf("%-5s %-6s %-5s %s\n", "rank", "layer", "head", "retrieval");
         for (const auto& h : ranked) {
-          std::printf("%-5u %-6u %-5u %.4f  %s\n", h.rank, h.layer, h.head, h.retrieval,
-                      std::string(size_t(h.retrieval * 50 + 0.5), '#').c_str());
+          std::printf("%-5u %-6u %-5u %.4f  %s\n", h.rank, h.layer, h.head, h.score,
+                      std::string(size_t(h.score * 50 + 0.5), '#').c_str());
         }
         return Status::Ok();
       });

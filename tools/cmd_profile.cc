@@ -9,6 +9,7 @@
 #include "kvserve/profile.h"
 #include "model_flags.h"
 #include "table.h"
+#include "profile/search.h"
 
 namespace kvserve::cli {
 namespace {
@@ -54,7 +55,7 @@ Status DoRun(const RunFlags& f, bool grid) {
   KV_ASSIGN_OR_RETURN(SearchMode mode, ParseSearchMode(f.mode));
   if (!(f.floor > 0 && f.floor <= 1.5)) return Status::InvalidArgument("--floor: " + std::to_string(f.floor) + " is not in (0, 1.5]");
   KV_ASSIGN_OR_RETURN(SearchSpace space, LoadSpace(f.space_path));
-  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(f.model.model, f.model.tokenizer));
+  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(f.model.model, f.model.tokenizer, ModelsDir()));
   KV_ASSIGN_OR_RETURN(auto ev, MakeEvaluator(m, f.eval));
   ProfileRunOptions o;
   o.grid = grid;
@@ -66,6 +67,7 @@ Status DoRun(const RunFlags& f, bool grid) {
   o.speed_tokens = f.speed_tokens;
   o.speed_runs = f.speed_runs;
   o.out = f.out;
+  o.codec_env = Codec();
   std::fprintf(stderr, "%s: %zu candidates, %s\n", grid ? "grid" : "profile", space.candidates().size(),
                grid ? "evaluating every one" : ("budget " + std::to_string(std::min<size_t>(f.budget, space.candidates().size())) + " evaluations, " + f.mode).c_str());
   std::unique_ptr<Progress> bar;

@@ -3,8 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <new>
 
 #include "cli.h"
+#include "kvserve/calib.h"
+#include "kvserve/file.h"
 
 namespace kvserve::cli {
 
@@ -27,6 +33,9 @@ int Run(CLI::App& app, int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    std::printf("%s\n", e.what());
+    return 0;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "kvserve: error: %s (see --help)\n", e.what());
     return 2;
@@ -35,12 +44,44 @@ int Run(CLI::App& app, int argc, char** argv) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
   }
-  Status st = (*g_action)();
+  Status st;
+  try {
+    st = (*g_action)();
+  } catch (const std::bad_alloc&) {
+    // A size the limits allow but this machine's memory does not.
+    st = Status::OutOfRange("out of memory (the input or a flag asks for more memory than this machine has)");
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "kvserve: %s\n", st.ToString().c_str());
     return 1;
   }
   return 0;
+}
+
+namespace {
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+}  // namespace
+
+std::string SourceDir() { return KVSERVE_SOURCE_DIR; }
+std::string ModelsDir() { return EnvOr("KVSERVE_MODELS", SourceDir() + "/models"); }
+std::string CacheDir() { return EnvOr("KVSERVE_CACHE", SourceDir() + "/.kvserve-cache"); }
+std::string CalibDir() { return EnvOr("KVSERVE_CALIB", CacheDir() + "/calib"); }
+
+const CodecEnv& Codec() {
+  static CalibrationStore store(CalibDir());
+  static const CodecEnv env{&store};
+  return env;
+}
+
+ThreadPool* Pool(int threads) {
+  if (threads <= 1) return nullptr;
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  auto& p = pools[threads];
+  if (!p) p = std::make_unique<ThreadPool>(threads);
+  return p.get();
 }
 
 double NowSeconds() {
@@ -81,6 +122,7 @@ int main(int argc, char** argv) {
       "Encode KV caches with composable codec strategies, measure them on real models, and move them.",
       "kvserve"};
   app.require_subcommand(0, 1);
+  kvserve::InstallTempFileCleanup();
   app.set_version_flag("--version", std::string("kvserve ") + KVSERVE_VERSION);
   kvserve::cli::AddCodecCommands(app);
   kvserve::cli::AddModelCommands(app);

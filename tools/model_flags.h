@@ -33,6 +33,9 @@ struct EvalFlags {
   EvalOptions Options() const {
     EvalOptions o;
     o.n_contexts = contexts, o.prompt_len = prompt_len, o.seed = seed, o.threads = threads;
+    o.pool = Pool(threads);
+    o.cache_dir = CacheDir();
+    o.codec_env = Codec();
     return o;
   }
 };

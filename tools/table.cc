@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "kvserve/file.h"
 #include "kvserve/frame.h"
 
 namespace kvserve::cli {

@@ -7,6 +7,7 @@
 #include "kvserve/codec_bench.h"
 #include "kvserve/eval.h"
 #include "kvserve/status.h"
+#include "model/studies.h"
 
 namespace kvserve::cli {
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,11 +26,24 @@ struct LowRankBasis {
 
 // PCA of every slab's token vectors over the given blocks (all of one shape but n_token).
 Result<LowRankBasis> FitLowRankBasis(const std::vector<const KvBlock*>& samples);
-// $KVSERVE_CALIB, else <source>/.kvserve-cache/calib.
-std::string CalibrationDir();
-// Writes dir/lowrank-<id>.bin (atomically) and returns its path.
-Result<std::string> SaveLowRankBasis(const LowRankBasis& b, const std::string& dir = CalibrationDir());
-// Loads (and caches in the process) the basis with this id from dir.
-Result<std::shared_ptr<const LowRankBasis>> LoadLowRankBasis(uint64_t id, const std::string& dir = CalibrationDir());
+// Writes dir/lowrank-<id>.bin (atomically, creating dir) and returns its path.
+Result<std::string> SaveLowRankBasis(const LowRankBasis& b, const std::string& dir);
+// Loads dir/lowrank-<id>.bin, verifying its size and its id.
+Result<std::shared_ptr<const LowRankBasis>> LoadLowRankBasis(uint64_t id, const std::string& dir);
+
+// The calibration artefacts of one directory, loaded on first use and kept for the store's
+// life. The caller creates it (the CLI from --calib-dir) and passes it to pipelines through
+// CodecEnv. Thread-safe: pipelines on many threads may share one store.
+class CalibrationStore {
+ public:
+  explicit CalibrationStore(std::string dir) : dir_(std::move(dir)) {}
+  const std::string& dir() const { return dir_; }
+  Result<std::shared_ptr<const LowRankBasis>> LowRank(uint64_t id);
+
+ private:
+  std::string dir_;
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<const LowRankBasis>> lowrank_;
+};
 
 }  // namespace kvserve

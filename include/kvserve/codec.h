@@ -11,6 +11,7 @@
 
 #include "kvserve/kv.h"
 #include "kvserve/status.h"
+#include "kvserve/thread_pool.h"
 
 namespace kvserve {
 
@@ -63,6 +64,7 @@ struct StageSpec {
   std::string name;
   std::vector<std::pair<std::string, std::string>> params;
   const std::string& Get(std::string_view key) const;  // key must be one of the stage's params
+  void Set(std::string_view key, std::string value);    // likewise; the caller keeps it canonical
   int64_t GetInt(std::string_view key) const;
   double GetFloat(std::string_view key) const;
   std::string Canonical() const;
@@ -80,18 +82,33 @@ Result<StrategySpec> ParseStrategy(std::string_view text);
 Result<std::string> CanonicalStrategy(std::string_view text);
 
 struct CodecOptions {
-  int threads = 1;            // worker threads for stages that parallelise over slabs
+  // Workers for stages that parallelise over slabs (null: the calling thread alone). The output
+  // does not depend on it.
+  ThreadPool* pool = nullptr;
   // Importance of each token of the block (e.g. attention it received at prefill), for token
   // selection; null when the caller has none (prune then falls back to key norms).
   const std::vector<float>* token_scores = nullptr;
   uint64_t max_decoded_bytes = uint64_t{16} << 30;  // refuse frames that would decode to more
+  uint64_t request_id = 0;    // Encode: written into the frame header
 };
 
-class Stage;  // internal: src/codec/stage.h
+class CalibrationStore;  // kvserve/calib.h
 
+// What creating a pipeline may need from outside, always passed in by the caller: nothing is
+// read from environment variables, source paths or process-global state.
+struct CodecEnv {
+  // Calibration artefacts (lowrank bases); null: a strategy that names one fails to create.
+  CalibrationStore* calibration = nullptr;
+};
+
+class Stage;      // internal: src/codec/stage.h
+struct FrameView;  // kvserve/frame.h
+
+// Thread-safety: a Pipeline is immutable after Create; any number of threads may Encode and
+// Decode with one Pipeline at once (scratch buffers are per thread).
 class Pipeline {
  public:
-  static Result<Pipeline> Create(std::string_view spec);
+  static Result<Pipeline> Create(std::string_view spec, const CodecEnv& env = {});
   Pipeline(Pipeline&&) noexcept;
   Pipeline& operator=(Pipeline&&) noexcept;
   ~Pipeline();
@@ -100,20 +117,61 @@ class Pipeline {
 
   // Encodes `block` into one self-describing frame (see frame.h); `frame` is overwritten.
   Status Encode(const KvBlock& block, ByteBuffer* frame, const CodecOptions& opts = {}) const;
-  // Decodes a frame produced with this pipeline's spec. `out` is reshaped as needed; its
-  // storage is reused when large enough.
+  // Encodes layers [layer_begin, layer_begin + n_layers) of `block` into a frame of their own
+  // (no copy of the block), tagged with opts.request_id and the layer range, so a transfer can
+  // stream a request layer by layer.
+  Status EncodeLayers(const KvBlock& block, uint32_t layer_begin, uint32_t n_layers, ByteBuffer* frame,
+                      const CodecOptions& opts = {}) const;
+  // Decodes a frame produced with this pipeline's spec. `out` is reshaped as needed and its
+  // storage reused when large enough; when `out` is a view (KvBlock::View) the frame must
+  // decode to exactly its shape and is written into the caller's memory, in the view's dtype.
   Status Decode(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts = {}) const;
 
  private:
-  friend Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts);
+  friend Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts, const CodecEnv& env);
+  friend class LayerAssembler;
+  // Decodes a frame already verified by ParseFrame.
+  Status DecodeView(const FrameView& v, KvBlock* out, const CodecOptions& opts) const;
+  Status EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32_t n_layer_total, ByteBuffer* frame,
+                      const CodecOptions& opts) const;
   Pipeline();
+  CodecEnv env_;
   std::string canonical_;
   std::vector<Stage*> stages_;
   std::vector<const StageInfo*> infos_;  // registry entries of stages_, same order
 };
 
 // Convenience: encode with a spec; decode any frame (its spec is read from the frame).
-Result<ByteBuffer> EncodeKv(const KvBlock& block, std::string_view spec, const CodecOptions& opts = {});
-Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts = {});
+Result<ByteBuffer> EncodeKv(const KvBlock& block, std::string_view spec, const CodecOptions& opts = {},
+                            const CodecEnv& env = {});
+Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts = {}, const CodecEnv& env = {});
+
+// Assembles one request's KV from its per-layer frames (EncodeLayers), decoding each straight
+// into `dest` — an owning block or a view of the caller's cache, shaped as the whole request
+// (all layers, the kept token count) — as it arrives, in any order. Checks that every piece
+// belongs: same request id, layer count, shape, dtype-independent token range and kept
+// positions; each layer exactly once. Pipelines are created once per strategy and reused.
+// Not thread-safe: one assembler per request, fed by one thread.
+class LayerAssembler {
+ public:
+  LayerAssembler(uint64_t request_id, KvBlock* dest, const CodecEnv& env = {});
+  Status Add(std::span<const uint8_t> frame, const CodecOptions& opts = {});
+  bool complete() const { return layers_done_ == dest_->shape().n_layer; }
+  uint32_t layers_done() const { return layers_done_; }
+  // Token positions of the decoded KV (empty: contiguous from token_offset()).
+  const std::vector<uint32_t>& positions() const { return positions_; }
+  uint32_t token_offset() const { return token_offset_; }
+
+ private:
+  uint64_t request_id_;
+  KvBlock* dest_;
+  CodecEnv env_;
+  std::vector<bool> have_;
+  uint32_t layers_done_ = 0;
+  bool first_ = true;
+  uint32_t token_offset_ = 0;
+  std::vector<uint32_t> positions_;
+  std::vector<std::pair<std::string, Pipeline>> pipelines_;
+};
 
 }  // namespace kvserve

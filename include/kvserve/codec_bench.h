@@ -20,11 +20,13 @@ struct CodecMeasurement {
 
 struct BenchOptions {
   int runs = 5;
-  int threads = 1;
+  int threads = 1;              // codec workers (zstd: its own worker threads)
+  ThreadPool* pool = nullptr;   // runs them; null: a pool of `threads` for the measurement
+  CodecEnv env;
 };
 
 // The reference KV block of the speed goals: llama3-8b shape, fp16, synthetic, seed 1.
-Result<KvBlock> BenchBlock(uint32_t n_token = 1024, int synth_threads = 1);
+Result<KvBlock> BenchBlock(uint32_t n_token = 1024, ThreadPool* pool = nullptr);
 
 Result<CodecMeasurement> MeasureCodec(const KvBlock& block, std::string_view spec, const BenchOptions& opts = {});
 // memcpy of `bytes` bytes between two pre-touched buffers.

@@ -1,8 +1,9 @@
 // The frame: kvserve's self-describing, checksummed unit of encoded KV, on disk (.kvf) and on
 // the wire. Layout (little-endian):
-//   0 magic "KVSF" | 4 u16 version | 6 u16 header_len | 8 u8 dtype | 9 u8 flags | 10 u8[2] zero
+//   0 magic "KVSF" | 4 u16 version (2) | 6 u16 header_len | 8 u8 dtype | 9 u8 flags | 10 u8[2] zero
 //  12 u32 n_layer | 16 u32 n_head_kv | 20 u32 n_token | 24 u32 head_dim | 28 u32 token_offset
-//  32 u64 payload_len | 40 u16 spec_len | 42 spec bytes (canonical strategy)
+//  32 u64 payload_len | 40 u64 request_id | 48 u32 layer_begin | 52 u32 n_layer_total
+//  56 u16 spec_len | 58 spec bytes (canonical strategy)
 //  [flags bit 0: u32 count, count x u32 positions of the tokens a selection stage kept]
 //  header_len: payload | u64 XXH3-64 (xxHash) of everything before it
 #pragma once
@@ -19,8 +20,8 @@
 namespace kvserve {
 
 inline constexpr char kFrameMagic[4] = {'K', 'V', 'S', 'F'};
-inline constexpr uint16_t kFrameVersion = 1;
-inline constexpr size_t kFrameFixedHeader = 42;
+inline constexpr uint16_t kFrameVersion = 2;
+inline constexpr size_t kFrameFixedHeader = 58;
 inline constexpr size_t kFrameChecksumBytes = 8;
 inline constexpr size_t kFrameMaxSpec = 4096;
 
@@ -30,6 +31,13 @@ struct FrameHeader {
   KvShape shape;
   uint32_t token_offset = 0;
   uint64_t payload_len = 0;
+  // Which request and which layers: a frame holds layers [layer_begin, layer_begin + n_layer)
+  // of a request whose KV has n_layer_total layers (a whole block: 0 and n_layer; writing 0
+  // writes n_layer). A receiver
+  // assembling a request from per-layer frames checks the pieces against each other.
+  uint64_t request_id = 0;
+  uint32_t layer_begin = 0;
+  uint32_t n_layer_total = 0;
   std::string spec;
   // Sequence positions of the kept tokens when the strategy selects tokens (empty otherwise):
   // strictly increasing, within [token_offset, token_offset + n_token).
@@ -58,10 +66,6 @@ Result<uint64_t> PeekFrameLength(std::span<const uint8_t> prefix);
 // Verifies everything — magic, version, lengths, reserved bytes, checksum, shape — before the
 // payload is touched. Each failure has its own message.
 Result<FrameView> ParseFrame(std::span<const uint8_t> bytes);
-
-// A frame from a file (whole file) and to a file (temp file + rename: never half-written).
-Result<ByteBuffer> ReadFile(const std::string& path);
-Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> bytes);
 
 // A KV file (.kvf) is a frame with the identity strategy "none".
 Status WriteKvFile(const std::string& path, const KvBlock& block);

@@ -76,14 +76,29 @@ Result<KvShape> ShapePreset(std::string_view name, uint32_t n_token);
 class KvBlock {
  public:
   KvBlock() = default;
-  // Zero-filled block. Fails on an invalid shape or one above max_bytes.
+  // Zero-filled block. Fails on an invalid shape or one above the 2^32-element limit.
   static Result<KvBlock> Create(const KvShape& shape, DType dtype);
+  // A non-owning view over caller memory in the KV layout: slab (layer, part, head) starts
+  // `slab_stride` elements after the previous one (0 = dense, slab_numel()); within a slab token
+  // rows are dense. A decode node's cache with room for more tokens than the prompt is such a
+  // view (stride = capacity * head_dim). The memory must outlive the view; copies of a view are
+  // views of the same memory. Decoding into a view writes the caller's memory in place.
+  static Result<KvBlock> View(const KvShape& shape, DType dtype, void* data, uint64_t slab_stride = 0);
+  // A view of layers [layer_begin, layer_begin + n_layers) of this block (owning or a view);
+  // the same memory, no copy. Const blocks give views that must only be read.
+  Result<KvBlock> LayerView(uint32_t layer_begin, uint32_t n_layers) const;
 
   const KvShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
-  size_t bytes() const { return data_.size(); }
-  uint8_t* data() { return data_.data(); }
-  const uint8_t* data() const { return data_.data(); }
+  bool is_view() const { return view_ != nullptr; }
+  // Whether slabs follow each other without gaps, so data() .. data() + bytes() is the block.
+  bool is_dense() const { return slab_stride() == shape_.slab_numel(); }
+  // Elements between the starts of consecutive slabs.
+  uint64_t slab_stride() const { return view_ ? view_stride_ : shape_.slab_numel(); }
+  // numel() * dtype size: the block's bytes, which a strided view does not hold contiguously.
+  size_t bytes() const { return shape_.numel() * DTypeSize(dtype_); }
+  uint8_t* data() { return view_ ? view_ : data_.data(); }
+  const uint8_t* data() const { return view_ ? view_ : data_.data(); }
   // First position of these tokens in the request's sequence (chunks of one prompt differ here).
   uint32_t token_offset() const { return token_offset_; }
   void set_token_offset(uint32_t offset) { token_offset_ = offset; }
@@ -94,29 +109,27 @@ class KvBlock {
   uint32_t position(uint32_t token) const { return positions_.empty() ? token_offset_ + token : positions_[token]; }
 
   // The dense [n_token][head_dim] slab of (layer, part, head), in this block's dtype.
-  uint8_t* slab(uint32_t layer, KvPart part, uint32_t head) {
-    return data_.data() + shape_.slab_index(layer, part, head) * shape_.slab_numel() * DTypeSize(dtype_);
-  }
+  uint8_t* slab(uint32_t layer, KvPart part, uint32_t head) { return slab_at(shape_.slab_index(layer, part, head)); }
   const uint8_t* slab(uint32_t layer, KvPart part, uint32_t head) const {
     return const_cast<KvBlock*>(this)->slab(layer, part, head);
   }
-  uint8_t* slab_at(uint64_t slab_index) {
-    return data_.data() + slab_index * shape_.slab_numel() * DTypeSize(dtype_);
-  }
+  uint8_t* slab_at(uint64_t slab_index) { return data() + slab_index * slab_stride() * DTypeSize(dtype_); }
   const uint8_t* slab_at(uint64_t slab_index) const {
     return const_cast<KvBlock*>(this)->slab_at(slab_index);
   }
-  float* f32() { return reinterpret_cast<float*>(data_.data()); }
-  const float* f32() const { return reinterpret_cast<const float*>(data_.data()); }
+  float* f32() { return reinterpret_cast<float*>(data()); }
+  const float* f32() const { return reinterpret_cast<const float*>(data()); }
 
   // Element access for tests and tools; hot code works on slabs.
   float Get(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d) const;
   void Set(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d, float v);
 
+  // An owning, dense copy in `dtype` (views too).
   Result<KvBlock> ConvertTo(DType dtype) const;
   // Copy of tokens [begin, begin + count); the copy's token_offset is this one's plus begin.
   Result<KvBlock> SliceTokens(uint32_t begin, uint32_t count) const;
-  // Reshapes to a new shape/dtype, reusing the allocation where it is large enough.
+  // Reshapes to a new shape/dtype, reusing the allocation where it is large enough. A view
+  // cannot change: it accepts only its own shape and dtype.
   Status Reset(const KvShape& shape, DType dtype);
 
  private:
@@ -125,6 +138,8 @@ class KvBlock {
   uint32_t token_offset_ = 0;
   std::vector<uint32_t> positions_;
   ByteBuffer data_;
+  uint8_t* view_ = nullptr;  // caller memory when a view
+  uint64_t view_stride_ = 0;
 };
 
 // Splits a block into chunks of at most chunk_tokens tokens (the last may be shorter).

@@ -77,13 +77,13 @@ struct LlamaModel {
   Tokenizer tokenizer;
 };
 
-// Loads a model by name (a shipped model in models/: stories260K, babyllama105) or by path to a
-// llama2.c .bin or a GGUF file. `tokenizer_path` overrides the tokenizer for .bin files.
-Result<LlamaModel> LoadModel(const std::string& name_or_path, const std::string& tokenizer_path = "");
+// Loads a model by path to a llama2.c .bin or a GGUF file, or by name (stories260K,
+// babyllama105: `<models_dir>/<name>.bin|.gguf`, when models_dir is given). `tokenizer_path`
+// overrides the tokenizer of a .bin file.
+Result<LlamaModel> LoadModel(const std::string& name_or_path, const std::string& tokenizer_path = "",
+                             const std::string& models_dir = "");
 Result<LlamaModel> LoadLlama2cModel(const std::string& path, const std::string& tokenizer_path);
 Result<LlamaModel> LoadGgufModel(const std::string& path);
-// Folder holding the shipped models: $KVSERVE_MODELS, else the source tree's models/.
-std::string ModelsDir();
 std::string Sha256Hex(const void* data, size_t n);
 
 // The running KV cache: a f32 KvBlock of n_token = capacity; slots [0, n_pos) are valid. Slots

@@ -50,6 +50,10 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
+namespace internal {
+[[noreturn]] void DieOnValueOfError(const Status& status);
+}  // namespace internal
+
 template <typename T>
 class [[nodiscard]] Result {
  public:
@@ -61,18 +65,24 @@ class [[nodiscard]] Result {
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOk;
-    return ok() ? kOk : std::get<Status>(v_);
+    return ok() ? kOk : *std::get_if<Status>(&v_);
   }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
+  // value() of an error is a bug in the caller, never a consequence of input: it prints the
+  // error and stops the process (no exception crosses the API). Check ok() first.
+  T& value() & { return *Checked(); }
+  const T& value() const& { return *const_cast<Result*>(this)->Checked(); }
   // By value, so `for (auto& x : F().value())` does not dangle.
-  T value() && { return std::get<T>(std::move(v_)); }
+  T value() && { return std::move(*Checked()); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
 
  private:
+  T* Checked() {
+    if (T* v = std::get_if<T>(&v_)) return v;
+    internal::DieOnValueOfError(*std::get_if<Status>(&v_));
+  }
   std::variant<T, Status> v_;
 };
 

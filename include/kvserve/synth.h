@@ -6,13 +6,14 @@
 #include <cstdint>
 
 #include "kvserve/kv.h"
+#include "kvserve/thread_pool.h"
 
 namespace kvserve {
 
 struct SynthOptions {
   uint64_t seed = 1;
   DType dtype = DType::kF16;
-  int threads = 1;  // the result does not depend on it
+  ThreadPool* pool = nullptr;  // null: the calling thread; the result does not depend on it
 };
 
 Result<KvBlock> SynthesizeKv(const KvShape& shape, const SynthOptions& opts = {});

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kvserve/synth.h"
@@ -20,19 +21,21 @@ double MedianOf(std::vector<double> v) {
 }
 }  // namespace
 
-Result<KvBlock> BenchBlock(uint32_t n_token, int synth_threads) {
+Result<KvBlock> BenchBlock(uint32_t n_token, ThreadPool* pool) {
   KV_ASSIGN_OR_RETURN(KvShape shape, ShapePreset("llama3-8b", n_token));
   SynthOptions o;
   o.seed = 1;
   o.dtype = DType::kF16;
-  o.threads = synth_threads;
+  o.pool = pool;
   return SynthesizeKv(shape, o);
 }
 
 Result<CodecMeasurement> MeasureCodec(const KvBlock& block, std::string_view spec, const BenchOptions& opts) {
-  KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(spec));
+  KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(spec, opts.env));
+  std::unique_ptr<ThreadPool> own;
+  if (opts.pool == nullptr && opts.threads > 1) own = std::make_unique<ThreadPool>(opts.threads);
   CodecOptions co;
-  co.threads = opts.threads;
+  co.pool = opts.pool ? opts.pool : own.get();
   ByteBuffer frame;
   KvBlock out;
   KV_RETURN_IF_ERROR(p.Encode(block, &frame, co));  // warm-up; sizes the buffers

@@ -16,7 +16,7 @@ class CastStage final : public Stage {
     out.bytes->resize(start + t.shape().numel() * 2);
     uint8_t* dst = out.bytes->data() + start;
     const size_t n = t.shape().slab_numel();
-    ParallelFor(ctx.threads, t.shape().n_slab(), [&](uint64_t s) {
+    ParallelFor(ctx.pool, t.shape().n_slab(), [&](uint64_t s) {
       if (t.dtype() == dtype_) {
         std::memcpy(dst + s * n * 2, t.slab_at(s), n * 2);
         return;
@@ -37,7 +37,7 @@ class CastStage final : public Stage {
                              std::to_string(t.shape().numel() * 2));
     }
     const uint8_t* src = in.bytes.data();
-    ParallelFor(ctx.threads, t.shape().n_slab(), [&](uint64_t s) {
+    ParallelFor(ctx.pool, t.shape().n_slab(), [&](uint64_t s) {
       if (t.dtype() == dtype_) {
         std::memcpy(t.slab_at(s), src + s * n * 2, n * 2);
         return;
@@ -54,7 +54,7 @@ class CastStage final : public Stage {
   DType dtype_;
 };
 
-Result<std::unique_ptr<Stage>> MakeCast(const StageSpec& spec) {
+Result<std::unique_ptr<Stage>> MakeCast(const StageSpec& spec, const CodecEnv&) {
   KV_ASSIGN_OR_RETURN(DType dt, ParseDType(spec.Get("dtype")));
   return std::unique_ptr<Stage>(new CastStage(dt));
 }

@@ -1,4 +1,4 @@
-// Frame writing and verification, plus whole-file I/O that never leaves a half-written file.
+// Frame writing and verification, and .kvf files (a frame with the identity strategy).
 #include "kvserve/frame.h"
 
 #include <fcntl.h>
@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "kvserve/codec.h"
+#include "kvserve/file.h"
 
 namespace kvserve {
 namespace {
@@ -63,6 +64,9 @@ void AppendFrameHeader(const FrameHeader& h, ByteBuffer* out) {
   Put<uint32_t>(out, h.shape.head_dim);
   Put<uint32_t>(out, h.token_offset);
   Put<uint64_t>(out, h.payload_len);
+  Put<uint64_t>(out, h.request_id);
+  Put<uint32_t>(out, h.layer_begin);
+  Put<uint32_t>(out, h.n_layer_total != 0 ? h.n_layer_total : h.shape.n_layer);
   Put<uint16_t>(out, static_cast<uint16_t>(h.spec.size()));
   out->insert(out->end(), h.spec.begin(), h.spec.end());
   if (h.has_positions) {
@@ -86,7 +90,9 @@ Result<uint64_t> PeekFrameLength(std::span<const uint8_t> prefix) {
   KV_RETURN_IF_ERROR(CheckPrefix(prefix));
   const uint64_t header_len = Get<uint16_t>(prefix.data() + 6);
   const uint64_t payload_len = Get<uint64_t>(prefix.data() + 32);
-  if (header_len < kFrameFixedHeader) return Status::Corrupt("frame header_len " + std::to_string(header_len) + " < 42");
+  if (header_len < kFrameFixedHeader) {
+    return Status::Corrupt("frame header_len " + std::to_string(header_len) + " < " + std::to_string(kFrameFixedHeader));
+  }
   if (payload_len > (uint64_t{1} << 48)) {
     return Status::Corrupt("frame payload_len " + std::to_string(payload_len) + " is implausible");
   }
@@ -97,7 +103,7 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
   KV_RETURN_IF_ERROR(CheckPrefix(b));
   const uint8_t* p = b.data();
   const uint16_t header_len = Get<uint16_t>(p + 6);
-  const uint16_t spec_len = Get<uint16_t>(p + 40);
+  const uint16_t spec_len = Get<uint16_t>(p + 56);
   const bool has_positions = p[9] & 1;
   uint64_t n_positions = 0;
   if (has_positions) {
@@ -106,7 +112,7 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
   }
   if (header_len != kFrameFixedHeader + spec_len + (has_positions ? 4 + 4 * n_positions : 0)) {
     return Status::Corrupt("frame header_len " + std::to_string(header_len) + " does not match spec_len " +
-                           std::to_string(spec_len) + " + 42" +
+                           std::to_string(spec_len) + " + " + std::to_string(kFrameFixedHeader) +
                            (has_positions ? " + positions (" + std::to_string(n_positions) + ")" : std::string()));
   }
   if (spec_len > kFrameMaxSpec) {
@@ -142,6 +148,15 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
   KV_RETURN_IF_ERROR(v.header.shape.Validate().WithContext("frame"));
   v.header.token_offset = Get<uint32_t>(p + 28);
   v.header.payload_len = payload_len;
+  v.header.request_id = Get<uint64_t>(p + 40);
+  v.header.layer_begin = Get<uint32_t>(p + 48);
+  v.header.n_layer_total = Get<uint32_t>(p + 52);
+  if (v.header.n_layer_total > 4096 ||
+      uint64_t{v.header.layer_begin} + v.header.shape.n_layer > v.header.n_layer_total) {
+    return Status::Corrupt("frame layers [" + std::to_string(v.header.layer_begin) + ", " +
+                           std::to_string(uint64_t{v.header.layer_begin} + v.header.shape.n_layer) +
+                           ") do not fit its request's n_layer_total=" + std::to_string(v.header.n_layer_total));
+  }
   v.header.spec.assign(reinterpret_cast<const char*>(p + kFrameFixedHeader), spec_len);
   v.header.has_positions = has_positions;
   if (has_positions) {
@@ -158,47 +173,6 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
   }
   v.payload = b.subspan(header_len, payload_len);
   return v;
-}
-
-Result<ByteBuffer> ReadFile(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return Status::IoError("cannot open '" + path + "': " + std::strerror(errno));
-  ByteBuffer data;
-  uint8_t buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.insert(data.end(), buf, buf + n);
-  const bool err = std::ferror(f);
-  std::fclose(f);
-  if (err) return Status::IoError("error reading '" + path + "'");
-  return data;
-}
-
-Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> bytes) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return Status::IoError("cannot create '" + tmp + "': " + std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Status::IoError("writing '" + tmp + "': " + why);
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return Status::IoError("flushing '" + tmp + "': " + std::strerror(errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return Status::IoError("renaming to '" + path + "': " + why);
-  }
-  return Status::Ok();
 }
 
 Status WriteKvFile(const std::string& path, const KvBlock& block) {

@@ -15,7 +15,7 @@
 
 #include "codec/stage.h"
 #include "kvserve/calib.h"
-#include "kvserve/frame.h"
+#include "kvserve/file.h"
 
 namespace kvserve {
 
@@ -31,11 +31,6 @@ ByteBuffer Serialize(const LowRankBasis& b) {
   return out;
 }
 }  // namespace
-
-std::string CalibrationDir() {
-  if (const char* env = std::getenv("KVSERVE_CALIB"); env && *env) return env;
-  return std::string(KVSERVE_SOURCE_DIR) + "/.kvserve-cache/calib";
-}
 
 Result<LowRankBasis> FitLowRankBasis(const std::vector<const KvBlock*>& samples) {
   if (samples.empty()) return Status::InvalidArgument("lowrank calibration needs at least one KV block");
@@ -90,17 +85,21 @@ Result<std::string> SaveLowRankBasis(const LowRankBasis& b, const std::string& d
   return path;
 }
 
+Result<std::shared_ptr<const LowRankBasis>> CalibrationStore::LowRank(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = lowrank_.find(id);
+  if (it != lowrank_.end()) return it->second;
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<const LowRankBasis> b, LoadLowRankBasis(id, dir_));
+  lowrank_[id] = b;
+  return b;
+}
+
 Result<std::shared_ptr<const LowRankBasis>> LoadLowRankBasis(uint64_t id, const std::string& dir) {
-  static std::mutex mu;
-  static std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const LowRankBasis>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find({dir, id});
-  if (it != cache.end()) return it->second;
   const std::string path = dir + "/lowrank-" + std::to_string(id) + ".bin";
   auto data = ReadFile(path);
   if (!data.ok()) {
     return Status::NotFound("lowrank basis " + std::to_string(id) + " is not in " + dir +
-                            " (fit it with `kvserve calib lowrank`, or set KVSERVE_CALIB)");
+                            " (fit it with `kvserve calib lowrank`, or name the folder with --calib-dir)");
   }
   const ByteBuffer& d = data.value();
   auto b = std::make_shared<LowRankBasis>();
@@ -120,7 +119,6 @@ Result<std::shared_ptr<const LowRankBasis>> LoadLowRankBasis(uint64_t id, const 
     return Status::Corrupt("'" + path + "' does not match its id (checksum mismatch)");
   }
   b->id = id;
-  cache[{dir, id}] = b;
   return std::shared_ptr<const LowRankBasis>(b);
 }
 
@@ -128,7 +126,8 @@ namespace {
 
 class LowRankStage final : public Stage {
  public:
-  LowRankStage(uint32_t rank, uint64_t id, bool has_id) : rank_(rank), id_(id), has_id_(has_id) {}
+  LowRankStage(uint32_t rank, uint64_t id, bool has_id, CalibrationStore* store)
+      : rank_(rank), id_(id), has_id_(has_id), store_(store) {}
 
   KvShape OutputShape(const KvShape& in) const override {
     KvShape out = in;
@@ -138,7 +137,11 @@ class LowRankStage final : public Stage {
 
   Result<std::shared_ptr<const LowRankBasis>> Basis(const KvShape& s) const {
     if (!has_id_) return Status::InvalidArgument("lowrank needs basis=<id> of one calibrated basis (kvserve calib lowrank)");
-    KV_ASSIGN_OR_RETURN(std::shared_ptr<const LowRankBasis> b, LoadLowRankBasis(id_));
+    if (store_ == nullptr) {
+      return Status::InvalidArgument("lowrank basis " + std::to_string(id_) +
+                                     " needs calibration data, and none was given (CodecEnv::calibration; the CLI's --calib-dir)");
+    }
+    KV_ASSIGN_OR_RETURN(std::shared_ptr<const LowRankBasis> b, store_->LowRank(id_));
     if (b->n_layer != s.n_layer || b->n_head_kv != s.n_head_kv || b->head_dim != s.head_dim) {
       return Status::InvalidArgument("lowrank basis " + std::to_string(id_) + " is for " + std::to_string(b->n_layer) +
                                      " layers x " + std::to_string(b->n_head_kv) + " heads x " +
@@ -158,7 +161,7 @@ class LowRankStage final : public Stage {
     out.tensor->set_token_offset(t.token_offset());
     out.tensor->set_positions(t.positions());
     const uint32_t D = s.head_dim, r = rank_;
-    ParallelFor(ctx.threads, s.n_slab(), [&](uint64_t sl) {
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t sl) {
       std::vector<float> x(s.slab_numel());
       ConvertToF32(t.dtype(), t.slab_at(sl), x.data(), x.size());
       const float* mean = &b->mean[sl * D];
@@ -185,7 +188,7 @@ class LowRankStage final : public Stage {
       return Status::Corrupt("lowrank input " + t.shape().ToString() + " does not match rank " + std::to_string(r));
     }
     KV_ASSIGN_OR_RETURN(std::shared_ptr<const LowRankBasis> b, Basis(s));
-    ParallelFor(ctx.threads, s.n_slab(), [&](uint64_t sl) {
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t sl) {
       std::vector<float> c(t.shape().slab_numel()), x(s.slab_numel());
       ConvertToF32(t.dtype(), t.slab_at(sl), c.data(), c.size());
       const float* mean = &b->mean[sl * D];
@@ -208,6 +211,7 @@ class LowRankStage final : public Stage {
   uint32_t rank_;
   uint64_t id_;
   bool has_id_;
+  CalibrationStore* store_;
 };
 
 }  // namespace
@@ -223,11 +227,15 @@ StageRegistration LowRankStageRegistration() {
       {"rank", T::kInt, 1, 4096, {}, "4", "kept dimensions per head vector", ParamSpec::Scale::kLog},
       {"basis", T::kList, 0, double((uint64_t{1} << 52) - 1), {}, "auto", "id of the calibrated basis (kvserve calib lowrank)"},
   };
-  return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
+  return {info, [](const StageSpec& spec, const CodecEnv& env) -> Result<std::unique_ptr<Stage>> {
             // A spec without a usable basis still parses; encoding or decoding with it says why it fails.
             const std::string& id = spec.Get("basis");
             const bool one = id != "auto" && id.find('.') == std::string::npos;
-            return std::unique_ptr<Stage>(new LowRankStage(uint32_t(spec.GetInt("rank")), one ? std::stoull(id) : 0, one));
+            return std::unique_ptr<Stage>(
+                new LowRankStage(uint32_t(spec.GetInt("rank")), one ? std::stoull(id) : 0, one, env.calibration));
+          },
+          [](const StageSpec&, const KvShape&, uint32_t, uint32_t) -> Result<StageSpec> {
+            return Status::Unsupported("lowrank bases cover a whole request; encode a lowrank strategy as one frame");
           }};
 }
 

@@ -152,6 +152,13 @@ inline float Scale(float absmax, int m, uint16_t* h) {
   return HalfToFloat(v);
 }
 
+Params ParamsOf(const StageSpec& spec) {
+  return Params{int(spec.GetInt("kfine")), int(spec.GetInt("vfine")), int(spec.GetInt("kcoarse")),
+                int(spec.GetInt("vcoarse")), spec.GetFloat("lo_frac"), uint64_t(spec.GetInt("seed")),
+                uint32_t(spec.GetInt("group")), spec.Get("heads"), uint32_t(spec.GetInt("boost_layers")),
+                uint32_t(spec.GetInt("sink")), spec.Get("levels")};
+}
+
 class MixHqStage final : public Stage {
  public:
   explicit MixHqStage(Params p) : p_(std::move(p)) {}
@@ -194,7 +201,7 @@ class MixHqStage final : public Stage {
     std::memcpy(hdr + kHeader, L.limit.data(), sh.n_slab());
     uint8_t* body = hdr + kHeader + sh.n_slab();
     std::vector<Status> errors(sh.n_slab());
-    ParallelFor(ctx.threads, sh.n_slab(), [&](uint64_t s) {
+    ParallelFor(ctx.pool, sh.n_slab(), [&](uint64_t s) {
       const bool v = (s / sh.n_head_kv) % 2;
       std::vector<float> x(sh.slab_numel()), sign(D), scale;
       std::vector<uint16_t> scale_h;
@@ -264,7 +271,7 @@ class MixHqStage final : public Stage {
       return Status::Corrupt("mixhq payload header (levels per head) does not match the frame's strategy and shape");
     }
     const uint8_t* body = hdr + kHeader + sh.n_slab();
-    ParallelFor(ctx.threads, sh.n_slab(), [&](uint64_t s) {
+    ParallelFor(ctx.pool, sh.n_slab(), [&](uint64_t s) {
       const bool v = (s / sh.n_head_kv) % 2;
       std::vector<float> x(sh.slab_numel()), sign(D), scale;
       std::vector<uint16_t> scale_h;
@@ -326,12 +333,24 @@ StageRegistration MixHqStageRegistration() {
        "level limit of every (layer, K/V, head), in that order, joined by '.' (overrides the fine/coarse choice)",
        ParamSpec::Scale::kLinear, true},
   };
-  return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
-            Params p{int(spec.GetInt("kfine")), int(spec.GetInt("vfine")), int(spec.GetInt("kcoarse")),
-                     int(spec.GetInt("vcoarse")), spec.GetFloat("lo_frac"), uint64_t(spec.GetInt("seed")),
-                     uint32_t(spec.GetInt("group")), spec.Get("heads"), uint32_t(spec.GetInt("boost_layers")),
-                     uint32_t(spec.GetInt("sink")), spec.Get("levels")};
-            return std::unique_ptr<Stage>(new MixHqStage(std::move(p)));
+  return {info,
+          [](const StageSpec& spec, const CodecEnv&) -> Result<std::unique_ptr<Stage>> {
+            return std::unique_ptr<Stage>(new MixHqStage(ParamsOf(spec)));
+          },
+          // A layer range gets the level limits its slabs have within the whole request, spelled
+          // out (heads=auto draws from all of the request's heads).
+          [](const StageSpec& spec, const KvShape& full, uint32_t layer_begin, uint32_t n_layers) -> Result<StageSpec> {
+            KV_ASSIGN_OR_RETURN(Layout L, MakeLayout(ParamsOf(spec), full));
+            const uint64_t per_layer = 2 * uint64_t{full.n_head_kv};
+            std::string levels;
+            for (uint64_t s = layer_begin * per_layer; s < (layer_begin + n_layers) * per_layer; ++s) {
+              levels += (levels.empty() ? "" : ".") + std::to_string(L.limit[s]);
+            }
+            StageSpec out = spec;
+            out.Set("levels", levels);
+            out.Set("heads", "auto");
+            out.Set("boost_layers", "0");
+            return out;
           }};
 }
 

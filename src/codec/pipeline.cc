@@ -8,14 +8,24 @@
 
 namespace kvserve {
 
+namespace {
+// Shape of the tensor entering each stage, and (last entry) of what the pipeline decodes to.
+std::vector<KvShape> LevelShapes(const std::vector<Stage*>& stages, const KvShape& input) {
+  std::vector<KvShape> s = {input};
+  for (const Stage* st : stages) s.push_back(st->OutputShape(s.back()));
+  return s;
+}
+}  // namespace
+
 Pipeline::Pipeline() = default;
 Pipeline::Pipeline(Pipeline&& o) noexcept
-    : canonical_(std::move(o.canonical_)), stages_(std::move(o.stages_)), infos_(std::move(o.infos_)) {
+    : env_(o.env_), canonical_(std::move(o.canonical_)), stages_(std::move(o.stages_)), infos_(std::move(o.infos_)) {
   o.stages_.clear();
 }
 Pipeline& Pipeline::operator=(Pipeline&& o) noexcept {
   if (this != &o) {
     for (Stage* s : stages_) delete s;
+    env_ = o.env_;
     canonical_ = std::move(o.canonical_);
     stages_ = std::move(o.stages_);
     infos_ = std::move(o.infos_);
@@ -27,28 +37,55 @@ Pipeline::~Pipeline() {
   for (Stage* s : stages_) delete s;
 }
 
-Result<Pipeline> Pipeline::Create(std::string_view text) {
+Result<Pipeline> Pipeline::Create(std::string_view text, const CodecEnv& env) {
   KV_ASSIGN_OR_RETURN(StrategySpec spec, ParseStrategy(text));
   Pipeline p;
+  p.env_ = env;
   p.canonical_ = spec.Canonical();
+  // Refused here, not when a frame is read back: the frame header stores the spec.
+  if (p.canonical_.size() > kFrameMaxSpec) {
+    return Status::InvalidArgument("strategy is " + std::to_string(p.canonical_.size()) +
+                                   " bytes in canonical form, above the frame limit of " + std::to_string(kFrameMaxSpec));
+  }
   for (const auto& st : spec.stages) {
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeStage(st));
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeStage(st, env));
     p.stages_.push_back(stage.release());
     p.infos_.push_back(FindStageInfo(st.name));
   }
   return p;
 }
 
-namespace {
-// Shape of the tensor entering each stage, and (last entry) of what the pipeline decodes to.
-std::vector<KvShape> LevelShapes(const std::vector<Stage*>& stages, const KvShape& input) {
-  std::vector<KvShape> s = {input};
-  for (const Stage* st : stages) s.push_back(st->OutputShape(s.back()));
-  return s;
-}
-}  // namespace
 
 Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOptions& opts) const {
+  return EncodeTagged(block, 0, block.shape().n_layer, frame, opts);
+}
+
+Status Pipeline::EncodeLayers(const KvBlock& block, uint32_t layer_begin, uint32_t n_layers, ByteBuffer* frame,
+                              const CodecOptions& opts) const {
+  KV_ASSIGN_OR_RETURN(KvBlock layers, block.LayerView(layer_begin, n_layers));
+  const std::vector<KvShape> shapes = LevelShapes(stages_, block.shape());
+  if (shapes.back().n_token != block.shape().n_token && opts.token_scores == nullptr) {
+    return Status::InvalidArgument("per-layer frames of '" + canonical_ +
+                                   "' need token scores (CodecOptions::token_scores), so that every layer keeps the same tokens");
+  }
+  // Stages that name absolute layers get their parameters rewritten for this range.
+  KV_ASSIGN_OR_RETURN(StrategySpec spec, ParseStrategy(canonical_));
+  bool sliced = false;
+  for (StageSpec& st : spec.stages) {
+    for (const StageRegistration& r : StageRegistry()) {
+      if (r.info.name != st.name || r.slice_layers == nullptr) continue;
+      KV_ASSIGN_OR_RETURN(StageSpec cut, r.slice_layers(st, block.shape(), layer_begin, n_layers));
+      sliced = sliced || cut.Canonical() != st.Canonical();
+      st = std::move(cut);
+    }
+  }
+  if (!sliced) return EncodeTagged(layers, layer_begin, block.shape().n_layer, frame, opts);
+  KV_ASSIGN_OR_RETURN(Pipeline cut, Pipeline::Create(spec.Canonical(), env_));
+  return cut.EncodeTagged(layers, layer_begin, block.shape().n_layer, frame, opts);
+}
+
+Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32_t n_layer_total, ByteBuffer* frame,
+                              const CodecOptions& opts) const {
   KV_RETURN_IF_ERROR(block.shape().Validate());
   if (!block.positions().empty()) {
     return Status::InvalidArgument("the block already had tokens selected; encode it before selecting again");
@@ -59,18 +96,24 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
   h.dtype = block.dtype();
   h.shape = block.shape();
   h.token_offset = block.token_offset();
+  h.request_id = opts.request_id;
+  h.layer_begin = layer_begin;
+  h.n_layer_total = n_layer_total;
   h.spec = canonical_;
   // A selecting stage's kept positions go in the header; they are patched in once known.
   h.has_positions = shapes.back().n_token != block.shape().n_token;
   h.positions.assign(h.has_positions ? shapes.back().n_token : 0, 0);
   AppendFrameHeader(h, frame);
   if (stages_.empty()) {
-    frame->insert(frame->end(), block.data(), block.data() + block.bytes());
+    const size_t slab_bytes = block.shape().slab_numel() * DTypeSize(block.dtype());
+    for (uint64_t s = 0; s < block.shape().n_slab(); ++s) {
+      frame->insert(frame->end(), block.slab_at(s), block.slab_at(s) + slab_bytes);
+    }
     return FinishFrame(frame, 0);
   }
   const std::vector<const StageInfo*>& infos = infos_;
   StageContext ctx;
-  ctx.threads = opts.threads;
+  ctx.pool = opts.pool;
   ctx.max_decoded_bytes = opts.max_decoded_bytes;
   ctx.token_scores = opts.token_scores;
   StageInput in;
@@ -126,9 +169,9 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
   return FinishFrame(frame, 0);
 }
 
-namespace {
-Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
-                      const std::vector<const StageInfo*>& infos, KvBlock* out, const CodecOptions& opts) {
+Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions& opts) const {
+  const std::vector<Stage*>& stages = stages_;
+  const std::vector<const StageInfo*>& infos = infos_;
   // Decoding inverts every stage except token selection: level k decodes to the shape that
   // entered stage k, with the kept token count.
   std::vector<KvShape> shapes = LevelShapes(stages, v.header.shape);
@@ -146,18 +189,34 @@ Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
     return Status::OutOfRange("frame would decode to " + std::to_string(out_bytes) + " bytes, above the limit of " +
                               std::to_string(opts.max_decoded_bytes));
   }
+  // A view is written in its own dtype; an owning block takes the frame's.
+  const DType out_dtype = out->is_view() ? out->dtype() : v.header.dtype;
+  if (out->is_view() && !(out->shape() == shape)) {
+    return Status::InvalidArgument("frame decodes to " + shape.ToString() + ", the destination view is " +
+                                   out->shape().ToString());
+  }
   if (stages.empty()) {
     if (v.payload.size() != out_bytes) {
       return Status::Corrupt("identity frame payload is " + std::to_string(v.payload.size()) + " bytes, shape " +
                              shape.ToString() + " " + DTypeName(v.header.dtype) + " needs " + std::to_string(out_bytes));
     }
-    KV_RETURN_IF_ERROR(out->Reset(shape, v.header.dtype));
+    KV_RETURN_IF_ERROR(out->Reset(shape, out_dtype));
     out->set_token_offset(v.header.token_offset);
-    std::memcpy(out->data(), v.payload.data(), out_bytes);
+    const size_t n = shape.slab_numel(), in_slab = n * DTypeSize(v.header.dtype);
+    std::vector<float> tmp(out_dtype == v.header.dtype ? 0 : n);
+    for (uint64_t s = 0; s < shape.n_slab(); ++s) {
+      const uint8_t* src = v.payload.data() + s * in_slab;
+      if (out_dtype == v.header.dtype) {
+        std::memcpy(out->slab_at(s), src, in_slab);
+      } else {
+        ConvertToF32(v.header.dtype, src, tmp.data(), n);
+        ConvertFromF32(out_dtype, tmp.data(), out->slab_at(s), n);
+      }
+    }
     return Status::Ok();
   }
   StageContext ctx;
-  ctx.threads = opts.threads;
+  ctx.pool = opts.pool;
   ctx.max_decoded_bytes = opts.max_decoded_bytes;
   StageInput in;
   thread_local KvBlock tensors[2];  // see Pipeline::Encode
@@ -187,7 +246,7 @@ Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
     if (infos[k]->input == DataKind::kTensor) {
       // A selecting stage does not restore dropped tokens: every tensor level decodes to the kept ones.
       o.tensor = k == 0 ? out : &tensors[k % 2];
-      KV_RETURN_IF_ERROR(o.tensor->Reset(shapes[k], k == 0 ? v.header.dtype : DType::kF32));
+      KV_RETURN_IF_ERROR(o.tensor->Reset(shapes[k], k == 0 ? out_dtype : DType::kF32));
     } else {
       o.bytes = &bufs[k % 2];
       o.bytes->clear();
@@ -201,28 +260,82 @@ Status DecodeVerified(const FrameView& v, const std::vector<Stage*>& stages,
   out->set_positions(v.header.positions);
   return Status::Ok();
 }
-}  // namespace
 
 Status Pipeline::Decode(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts) const {
   KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame));
   if (v.header.spec != canonical_) {
     return Status::InvalidArgument("frame was encoded with '" + v.header.spec + "', this pipeline is '" + canonical_ + "'");
   }
-  return DecodeVerified(v, stages_, infos_, out, opts);
+  return DecodeView(v, out, opts);
 }
 
-Result<ByteBuffer> EncodeKv(const KvBlock& block, std::string_view spec, const CodecOptions& opts) {
-  KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(spec));
+Result<ByteBuffer> EncodeKv(const KvBlock& block, std::string_view spec, const CodecOptions& opts, const CodecEnv& env) {
+  KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(spec, env));
   ByteBuffer frame;
   KV_RETURN_IF_ERROR(p.Encode(block, &frame, opts));
   return frame;
 }
 
-Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts) {
-  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame));
-  auto p = Pipeline::Create(v.header.spec);
+namespace {
+Result<Pipeline> PipelineForFrame(const FrameView& v, const CodecEnv& env) {
+  auto p = Pipeline::Create(v.header.spec, env);
+  if (!p.ok() && p.status().code() == StatusCode::kInvalidArgument && ParseStrategy(v.header.spec).ok()) {
+    return p.status();  // a valid spec this caller cannot run (a lowrank basis it lacks)
+  }
   if (!p.ok()) return Status::Corrupt("frame strategy '" + v.header.spec + "' is invalid: " + p.status().message());
-  return DecodeVerified(v, p->stages_, p->infos_, out, opts);
+  return p;
+}
+}  // namespace
+
+Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts, const CodecEnv& env) {
+  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame));
+  KV_ASSIGN_OR_RETURN(Pipeline p, PipelineForFrame(v, env));
+  return p.DecodeView(v, out, opts);
+}
+
+LayerAssembler::LayerAssembler(uint64_t request_id, KvBlock* dest, const CodecEnv& env)
+    : request_id_(request_id), dest_(dest), env_(env), have_(dest->shape().n_layer, false) {}
+
+Status LayerAssembler::Add(std::span<const uint8_t> frame, const CodecOptions& opts) {
+  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame));
+  const FrameHeader& h = v.header;
+  const KvShape& want = dest_->shape();
+  if (h.request_id != request_id_) {
+    return Status::InvalidArgument("frame belongs to request " + std::to_string(h.request_id) + ", not " +
+                                   std::to_string(request_id_));
+  }
+  if (h.n_layer_total != want.n_layer) {
+    return Status::InvalidArgument("frame is part of a " + std::to_string(h.n_layer_total) +
+                                   "-layer request, the destination has " + std::to_string(want.n_layer) + " layers");
+  }
+  for (uint32_t l = h.layer_begin; l < h.layer_begin + h.shape.n_layer; ++l) {
+    if (have_[l]) return Status::InvalidArgument("layer " + std::to_string(l) + " of request " + std::to_string(request_id_) + " arrived twice");
+  }
+  if (!first_ && (h.token_offset != token_offset_ || h.positions != positions_)) {
+    return Status::InvalidArgument("frame of layers from " + std::to_string(h.layer_begin) +
+                                   " covers other tokens than the request's earlier frames");
+  }
+  Pipeline* p = nullptr;
+  for (auto& [spec, pipe] : pipelines_) {
+    if (spec == h.spec) p = &pipe;
+  }
+  if (p == nullptr) {
+    KV_ASSIGN_OR_RETURN(Pipeline made, PipelineForFrame(v, env_));
+    pipelines_.emplace_back(h.spec, std::move(made));
+    p = &pipelines_.back().second;
+  }
+  KV_ASSIGN_OR_RETURN(KvBlock layers, dest_->LayerView(h.layer_begin, h.shape.n_layer));
+  KV_RETURN_IF_ERROR(p->DecodeView(v, &layers, opts).WithContext("layers from " + std::to_string(h.layer_begin)));
+  if (first_) {
+    first_ = false;
+    token_offset_ = h.token_offset;
+    positions_ = h.positions;
+    dest_->set_token_offset(h.token_offset);
+    dest_->set_positions(h.positions);
+  }
+  for (uint32_t l = h.layer_begin; l < h.layer_begin + h.shape.n_layer; ++l) have_[l] = true;
+  layers_done_ += h.shape.n_layer;
+  return Status::Ok();
 }
 
 }  // namespace kvserve

@@ -114,7 +114,7 @@ StageRegistration PruneStageRegistration() {
       {"score", T::kEnum, 0, 0, {"attn", "knorm"}, "attn",
        "importance: prefill attention (falls back to knorm when none is given), or small key norm"},
   };
-  return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
+  return {info, [](const StageSpec& spec, const CodecEnv& env) -> Result<std::unique_ptr<Stage>> {
             return std::unique_ptr<Stage>(new PruneStage(uint32_t(spec.GetInt("sink")), uint32_t(spec.GetInt("recent")),
                                                          spec.GetFloat("keep"), spec.Get("score") == "attn"));
           }};

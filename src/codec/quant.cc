@@ -565,7 +565,7 @@ class QuantStage final : public Stage {
     std::memcpy(hdr + 20, &shape.n_token, 4);
     uint8_t* body = hdr + kPayloadHeader;
     std::vector<Status> errors(shape.n_slab());
-    ParallelFor(ctx.threads, shape.n_slab(), [&](uint64_t i) {
+    ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
       thread_local Scratch scratch;
       errors[i] = EncodeSlab(t.slab_at(i), t.dtype(), SlabLayout(i, shape), body + off[i], scratch);
     });
@@ -624,7 +624,7 @@ class QuantStage final : public Stage {
       return Status::Corrupt("quant payload header does not match the frame's strategy and shape");
     }
     const uint8_t* body = hdr + kPayloadHeader;
-    ParallelFor(ctx.threads, shape.n_slab(), [&](uint64_t i) {
+    ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
       thread_local Scratch scratch;
       DecodeSlab(body + off[i], SlabLayout(i, shape), t.dtype(), t.slab_at(i), scratch);
     });
@@ -639,7 +639,7 @@ class QuantStage final : public Stage {
   int boost_bits_;
 };
 
-Result<std::unique_ptr<Stage>> MakeQuant(const StageSpec& spec) {
+Result<std::unique_ptr<Stage>> MakeQuant(const StageSpec& spec, const CodecEnv&) {
   return std::unique_ptr<Stage>(new QuantStage(
       static_cast<int>(spec.GetInt("kbits")), static_cast<int>(spec.GetInt("vbits")), spec.Get("kaxis") == "channel",
       spec.Get("vaxis") == "channel", static_cast<uint32_t>(spec.GetInt("group")),
@@ -667,7 +667,13 @@ StageRegistration QuantStageRegistration() {
       {"boost_layers", T::kInt, 0, 4096, {}, "0", "first layers that get boost_bits more (CacheGen-style)"},
       {"boost_bits", T::kInt, 0, 7, {}, "1", "extra bits of the boosted layers (capped at 8)"},
   };
-  return {info, &MakeQuant};
+  return {info, &MakeQuant,
+          [](const StageSpec& spec, const KvShape&, uint32_t layer_begin, uint32_t n_layers) -> Result<StageSpec> {
+            StageSpec out = spec;
+            const int64_t boosted = spec.GetInt("boost_layers") - int64_t(layer_begin);
+            out.Set("boost_layers", std::to_string(std::clamp<int64_t>(boosted, 0, n_layers)));
+            return out;
+          }};
 }
 
 }  // namespace kvserve

@@ -608,7 +608,7 @@ class RansStage final : public Stage {
   Choice per_channel_, predict_;
 };
 
-Result<std::unique_ptr<Stage>> MakeRans(const StageSpec& spec) {
+Result<std::unique_ptr<Stage>> MakeRans(const StageSpec& spec, const CodecEnv&) {
   const std::string& t = spec.Get("tables");
   const std::string& p = spec.Get("predict");
   return std::unique_ptr<Stage>(new RansStage(t == "channel" ? Choice::kYes : t == "part" ? Choice::kNo : Choice::kAuto,

@@ -35,9 +35,9 @@ const StageInfo* FindStageInfo(std::string_view name) {
   return nullptr;
 }
 
-Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) {
+Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec, const CodecEnv& env) {
   for (const auto& r : StageRegistry()) {
-    if (r.info.name == spec.name) return r.factory(spec);
+    if (r.info.name == spec.name) return r.factory(spec, env);
   }
   return Status::NotFound("unknown stage '" + spec.name + "'");
 }

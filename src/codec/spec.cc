@@ -183,6 +183,12 @@ Result<StageSpec> ParseStage(Lexer& lx) {
 
 }  // namespace
 
+void StageSpec::Set(std::string_view key, std::string value) {
+  for (auto& [k, v] : params) {
+    if (k == key) v = std::move(value);
+  }
+}
+
 const std::string& StageSpec::Get(std::string_view key) const {
   for (const auto& kv : params) {
     if (kv.first == key) return kv.second;

@@ -35,7 +35,7 @@ struct CodeSection {
 };
 
 struct StageContext {
-  int threads = 1;
+  ThreadPool* pool = nullptr;  // null: the calling thread alone
   // Per-token importance of the block being encoded (higher = keep), when the caller has it.
   const std::vector<float>* token_scores = nullptr;
   uint64_t max_decoded_bytes = uint64_t{16} << 30;
@@ -68,11 +68,17 @@ class Stage {
   virtual KvShape OutputShape(const KvShape& in) const { return in; }
 };
 
-using StageFactory = Result<std::unique_ptr<Stage>> (*)(const StageSpec& spec);
+using StageFactory = Result<std::unique_ptr<Stage>> (*)(const StageSpec& spec, const CodecEnv& env);
+// The spec that encodes layers [layer_begin, layer_begin + n_layers) of a request of shape `full`
+// on their own as the whole spec encodes them within the request: a stage whose parameters name
+// absolute layers (boosted first layers, per-layer level limits) rewrites them for the range.
+using LayerSlicer = Result<StageSpec> (*)(const StageSpec& spec, const KvShape& full, uint32_t layer_begin,
+                                          uint32_t n_layers);
 
 struct StageRegistration {
   StageInfo info;
   StageFactory factory;
+  LayerSlicer slice_layers = nullptr;  // null: the stage treats every layer alike
 };
 
 // Each stage file defines one of these; registry.cc lists them.
@@ -87,6 +93,6 @@ StageRegistration PruneStageRegistration();
 StageRegistration LowRankStageRegistration();
 
 const std::vector<StageRegistration>& StageRegistry();
-Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec);
+Result<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec, const CodecEnv& env);
 
 }  // namespace kvserve

@@ -26,7 +26,7 @@ class RotateStage final : public Stage {
     if (D & (D - 1)) return Status::InvalidArgument("rotate needs head_dim a power of two, got " + std::to_string(D));
     KV_RETURN_IF_ERROR(out.tensor->Reset(s, DType::kF32));
     out.tensor->set_token_offset(t.token_offset());
-    ParallelFor(ctx.threads, s.n_slab(), [&](uint64_t i) {
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
       float* dst = reinterpret_cast<float*>(out.tensor->slab_at(i));
       ConvertToF32(t.dtype(), t.slab_at(i), dst, s.slab_numel());
       if (!PartSelected(parts_, (i / s.n_head_kv) % 2)) return;
@@ -46,7 +46,7 @@ class RotateStage final : public Stage {
     const KvShape& s = out.tensor->shape();
     const uint32_t D = s.head_dim;
     if (!(t.shape() == s) || (D & (D - 1))) return Status::Corrupt("rotate input does not match the frame's shape");
-    ParallelFor(ctx.threads, s.n_slab(), [&](uint64_t i) {
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
       std::vector<float> buf(s.slab_numel()), sign(D);
       ConvertToF32(t.dtype(), t.slab_at(i), buf.data(), buf.size());
       if (PartSelected(parts_, (i / s.n_head_kv) % 2)) {
@@ -77,7 +77,7 @@ class DeltaStage final : public Stage {
     KV_RETURN_IF_ERROR(out.tensor->Reset(s, DType::kF32));
     out.tensor->set_token_offset(t.token_offset());
     const uint32_t D = s.head_dim;
-    ParallelFor(ctx.threads, s.n_slab(), [&](uint64_t i) {
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
       float* x = reinterpret_cast<float*>(out.tensor->slab_at(i));
       ConvertToF32(t.dtype(), t.slab_at(i), x, s.slab_numel());
       if (!PartSelected(parts_, (i / s.n_head_kv) % 2)) return;
@@ -97,7 +97,7 @@ class DeltaStage final : public Stage {
     const KvShape& s = out.tensor->shape();
     if (!(t.shape() == s)) return Status::Corrupt("delta input does not match the frame's shape");
     const uint32_t D = s.head_dim;
-    ParallelFor(ctx.threads, s.n_slab(), [&](uint64_t i) {
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
       std::vector<float> x(s.slab_numel());
       ConvertToF32(t.dtype(), t.slab_at(i), x.data(), x.size());
       if (PartSelected(parts_, (i / s.n_head_kv) % 2)) {
@@ -132,7 +132,7 @@ StageRegistration RotateStageRegistration() {
   info.params = {{"kind", ParamSpec::Type::kEnum, 0, 0, {"hadamard"}, "hadamard", "rotation family"},
                  {"seed", ParamSpec::Type::kInt, 0, 1e9, {}, "1", "seed of the random signs"},
                  kPartsParam};
-  return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
+  return {info, [](const StageSpec& spec, const CodecEnv& env) -> Result<std::unique_ptr<Stage>> {
             return std::unique_ptr<Stage>(new RotateStage(uint64_t(spec.GetInt("seed")), spec.Get("parts")));
           }};
 }
@@ -144,7 +144,7 @@ StageRegistration DeltaStageRegistration() {
   info.input = DataKind::kTensor;
   info.output = DataKind::kTensor;
   info.params = {{"anchor", ParamSpec::Type::kInt, 2, 4096, {}, "16", "tokens per anchor group", ParamSpec::Scale::kLog}, kPartsParam};
-  return {info, [](const StageSpec& spec) -> Result<std::unique_ptr<Stage>> {
+  return {info, [](const StageSpec& spec, const CodecEnv& env) -> Result<std::unique_ptr<Stage>> {
             return std::unique_ptr<Stage>(new DeltaStage(uint32_t(spec.GetInt("anchor")), spec.Get("parts")));
           }};
 }

@@ -25,7 +25,7 @@ class ZstdStage final : public Stage {
     if (cctx == nullptr) return Status::Internal("ZSTD_createCCtx failed");
     ZSTD_CCtx_reset(cctx.get(), ZSTD_reset_session_and_parameters);
     ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, level_);
-    ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_nbWorkers, ctx.threads > 1 ? ctx.threads : 0);
+    ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_nbWorkers, ctx.pool && ctx.pool->size() > 1 ? ctx.pool->size() : 0);
     const size_t n = ZSTD_compress2(cctx.get(), out.bytes->data() + start + 8, bound, in.bytes.data(), raw);
     if (ZSTD_isError(n)) return Status::Internal(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
     out.bytes->resize(start + 8 + n);
@@ -57,7 +57,7 @@ class ZstdStage final : public Stage {
   int level_;
 };
 
-Result<std::unique_ptr<Stage>> MakeZstd(const StageSpec& spec) {
+Result<std::unique_ptr<Stage>> MakeZstd(const StageSpec& spec, const CodecEnv&) {
   return std::unique_ptr<Stage>(new ZstdStage(static_cast<int>(spec.GetInt("level"))));
 }
 

@@ -9,7 +9,8 @@
 
 #include "kvserve/codec.h"
 #include "kvserve/controller.h"
-#include "kvserve/frame.h"
+#include "kvserve/file.h"
+#include "control/simulator.h"
 
 namespace kvserve {
 namespace {

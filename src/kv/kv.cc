@@ -48,8 +48,48 @@ Result<KvBlock> KvBlock::Create(const KvShape& shape, DType dtype) {
   return b;
 }
 
+Result<KvBlock> KvBlock::View(const KvShape& shape, DType dtype, void* data, uint64_t slab_stride) {
+  KV_RETURN_IF_ERROR(shape.Validate());
+  if (data == nullptr) return Status::InvalidArgument("KV view over a null pointer");
+  if (slab_stride == 0) slab_stride = shape.slab_numel();
+  if (slab_stride < shape.slab_numel()) {
+    return Status::InvalidArgument("KV view slab_stride=" + std::to_string(slab_stride) + " is below one slab (" +
+                                   std::to_string(shape.slab_numel()) + " elements of shape " + shape.ToString() + ")");
+  }
+  KvBlock b;
+  b.shape_ = shape;
+  b.dtype_ = dtype;
+  b.view_ = static_cast<uint8_t*>(data);
+  b.view_stride_ = slab_stride;
+  return b;
+}
+
+Result<KvBlock> KvBlock::LayerView(uint32_t layer_begin, uint32_t n_layers) const {
+  if (n_layers == 0 || uint64_t{layer_begin} + n_layers > shape_.n_layer) {
+    return Status::InvalidArgument("layer range [" + std::to_string(layer_begin) + ", " +
+                                   std::to_string(uint64_t{layer_begin} + n_layers) + ") is not within the block's " +
+                                   std::to_string(shape_.n_layer) + " layers");
+  }
+  KvShape s = shape_;
+  s.n_layer = n_layers;
+  const uint8_t* base = slab(layer_begin, KvPart::kKey, 0);
+  KV_ASSIGN_OR_RETURN(KvBlock v, View(s, dtype_, const_cast<uint8_t*>(base), slab_stride()));
+  v.token_offset_ = token_offset_;
+  v.positions_ = positions_;
+  return v;
+}
+
 Status KvBlock::Reset(const KvShape& shape, DType dtype) {
   KV_RETURN_IF_ERROR(shape.Validate());
+  if (view_ != nullptr) {
+    if (!(shape == shape_) || dtype != dtype_) {
+      return Status::InvalidArgument("a KV view of shape " + shape_.ToString() + " " + DTypeName(dtype_) +
+                                     " cannot hold " + shape.ToString() + " " + DTypeName(dtype));
+    }
+    positions_.clear();
+    dtype_ = dtype;
+    return Status::Ok();
+  }
   positions_.clear();
   shape_ = shape;
   dtype_ = dtype;
@@ -78,19 +118,23 @@ Result<KvBlock> KvBlock::ConvertTo(DType dtype) const {
   KV_RETURN_IF_ERROR(out.Reset(shape_, dtype));
   out.token_offset_ = token_offset_;
   out.positions_ = positions_;
-  if (dtype == dtype_) {
+  if (dtype == dtype_ && is_dense()) {
     std::memcpy(out.data(), data(), bytes());
     return out;
   }
-  const size_t n = shape_.numel();
-  if (dtype_ == DType::kF32) {
-    ConvertFromF32(dtype, f32(), out.data(), n);
-  } else if (dtype == DType::kF32) {
-    ConvertToF32(dtype_, data(), out.f32(), n);
-  } else {
-    std::vector<float> tmp(n);
-    ConvertToF32(dtype_, data(), tmp.data(), n);
-    ConvertFromF32(dtype, tmp.data(), out.data(), n);
+  const size_t n = shape_.slab_numel();
+  std::vector<float> tmp(dtype_ == DType::kF32 || dtype == DType::kF32 ? 0 : n);
+  for (uint64_t s = 0; s < shape_.n_slab(); ++s) {
+    if (dtype == dtype_) {
+      std::memcpy(out.slab_at(s), slab_at(s), n * DTypeSize(dtype));
+    } else if (dtype_ == DType::kF32) {
+      ConvertFromF32(dtype, reinterpret_cast<const float*>(slab_at(s)), out.slab_at(s), n);
+    } else if (dtype == DType::kF32) {
+      ConvertToF32(dtype_, slab_at(s), reinterpret_cast<float*>(out.slab_at(s)), n);
+    } else {
+      ConvertToF32(dtype_, slab_at(s), tmp.data(), n);
+      ConvertFromF32(dtype, tmp.data(), out.slab_at(s), n);
+    }
   }
   return out;
 }

@@ -1,6 +1,9 @@
 // Status helpers: names and formatting of error codes.
 #include "kvserve/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace kvserve {
 
 const char* StatusCodeName(StatusCode code) {
@@ -26,5 +29,12 @@ Status Status::WithContext(const std::string& context) const {
   if (ok()) return *this;
   return Status(code_, context + ": " + message_);
 }
+
+namespace internal {
+void DieOnValueOfError(const Status& status) {
+  std::fprintf(stderr, "kvserve: bug: Result::value() called on an error: %s\n", status.ToString().c_str());
+  std::abort();
+}
+}  // namespace internal
 
 }  // namespace kvserve

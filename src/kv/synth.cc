@@ -69,7 +69,7 @@ Result<KvBlock> SynthesizeKv(const KvShape& shape, const SynthOptions& opts) {
       sin_t[size_t{t} * n_pair + i] = float(std::sin(t * theta));
     }
   }
-  ParallelFor(opts.threads, shape.n_slab(), [&](uint64_t i) {
+  ParallelFor(opts.pool, shape.n_slab(), [&](uint64_t i) {
     uint64_t key = opts.seed ^ (0x9e3779b97f4a7c15ull * (i + 1));
     Rng rng(SplitMix(key));
     std::vector<float> buf(shape.slab_numel());

@@ -13,7 +13,7 @@
 #include "kv/parallel.h"
 #include "kvserve/codec.h"
 #include "kvserve/eval.h"
-#include "kvserve/frame.h"
+#include "kvserve/file.h"
 
 namespace kvserve {
 
@@ -59,14 +59,10 @@ struct Evaluator::Impl {
   // Per prompt token: attention received from the prompt's last 32 positions, summed over layers
   // and heads (SnapKV's observation window), for token selection.
   std::vector<std::vector<float>> token_scores;
+  std::unique_ptr<ThreadPool> own_pool;
 
   std::string CachePath() const {
-    std::string dir = opts.cache_dir;
-    if (dir.empty()) {
-      const char* env = std::getenv("KVSERVE_CACHE");
-      dir = (env && *env) ? env : std::string(KVSERVE_SOURCE_DIR) + "/.kvserve-cache";
-    }
-    return dir + "/exact-" + model->sha256.substr(0, 16) + "-s" + std::to_string(opts.seed) + "-n" +
+    return opts.cache_dir + "/exact-" + model->sha256.substr(0, 16) + "-s" + std::to_string(opts.seed) + "-n" +
            std::to_string(set.contexts.empty() ? opts.n_contexts : set.contexts.size()) + "-p" +
            std::to_string(prompt_len) + "-g" + std::to_string(opts.greedy_tokens) + ".bin";
   }
@@ -158,11 +154,12 @@ struct Evaluator::Impl {
   // and cache; workers take contexts round-robin. Results must be stored per context.
   Status ForEachContext(const std::function<Status(LlamaEngine&, KvCache&, uint32_t)>& fn, const ProgressFn& progress) {
     const uint32_t n = uint32_t(set.contexts.size());
-    const int workers = std::max(1, std::min<int>(opts.threads, int(n)));
+    ThreadPool& workers_pool = opts.pool ? *opts.pool : *own_pool;
+    const int workers = std::max(1, std::min<int>(workers_pool.size(), int(n)));
     std::vector<Status> errors(n);
     std::mutex mu;
     uint64_t done = 0;
-    ParallelFor(workers, uint64_t(workers), [&](uint64_t w) {
+    workers_pool.ParallelFor(uint64_t(workers), [&](uint64_t w) {
       LlamaEngine engine(*model);
       auto cache = KvCache::Create(model->config);
       for (uint32_t i = uint32_t(w); i < n; i += uint32_t(workers)) {
@@ -222,7 +219,9 @@ Result<std::unique_ptr<Evaluator>> Evaluator::Create(const LlamaModel& model, co
   impl->n_cont = c.seq_len - impl->prompt_len - 1;
   if (impl->opts.n_contexts == 0) impl->opts.n_contexts = DefaultEvalContexts(c, impl->prompt_len);
   const uint32_t n_ctx = impl->opts.n_contexts;
-  const bool cached = impl->opts.disk_cache && impl->LoadCache();
+  if (opts.pool == nullptr) impl->own_pool = std::make_unique<ThreadPool>(std::max(1, opts.threads));
+  const bool use_cache = !impl->opts.cache_dir.empty();
+  const bool cached = use_cache && impl->LoadCache();
   if (!cached) {
     KV_ASSIGN_OR_RETURN(impl->set, BuildEvalSet(model, n_ctx, opts.seed));
     impl->exact.assign(n_ctx, {});
@@ -241,14 +240,14 @@ Result<std::unique_ptr<Evaluator>> Evaluator::Create(const LlamaModel& model, co
         return im.Greedy(engine, cache, i, im.prompt_len, &im.exact[i].greedy, nullptr).status();
       },
       progress));
-  if (!cached && impl->opts.disk_cache) impl->SaveCache();
+  if (!cached && use_cache) impl->SaveCache();
   return std::unique_ptr<Evaluator>(new Evaluator(std::move(impl)));
 }
 
 Result<EvalMetrics> Evaluator::Evaluate(std::string_view strategy, const ProgressFn& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   Impl& im = *impl_;
-  KV_ASSIGN_OR_RETURN(Pipeline pipeline, Pipeline::Create(strategy));
+  KV_ASSIGN_OR_RETURN(Pipeline pipeline, Pipeline::Create(strategy, impl_->opts.codec_env));
   const LlamaModel& model = *im.model;
   const uint32_t V = model.config.vocab_size, n_ctx = uint32_t(im.set.contexts.size());
   std::vector<Partial> parts(n_ctx);

@@ -5,7 +5,7 @@
 #include <map>
 #include <variant>
 
-#include "kvserve/frame.h"
+#include "kvserve/file.h"
 #include "kvserve/model.h"
 
 namespace kvserve {

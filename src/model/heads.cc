@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "kvserve/eval.h"
+#include "model/studies.h"
 
 namespace kvserve {
 
@@ -46,7 +47,7 @@ Result<std::vector<HeadScore>> RetrievalHeadScores(const Evaluator& ev, const He
       out.push_back({l, h, samples ? mass[size_t(l) * c.n_head_kv + h] / double(samples) : 0.0, 0});
   std::vector<size_t> order(out.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out[a].retrieval > out[b].retrieval; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out[a].score > out[b].score; });
   for (size_t r = 0; r < order.size(); ++r) out[order[r]].rank = uint32_t(r);
   return out;
 }
@@ -97,7 +98,7 @@ Result<std::vector<HeadScore>> SensitivityHeadScores(Evaluator& ev, const std::s
   }
   std::vector<size_t> order(out.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out[a].retrieval > out[b].retrieval; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out[a].score > out[b].score; });
   for (size_t r = 0; r < order.size(); ++r) out[order[r]].rank = uint32_t(r);
   return out;
 }

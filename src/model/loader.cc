@@ -6,7 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "kvserve/frame.h"
+#include "kvserve/file.h"
 #include "kvserve/model.h"
 
 namespace kvserve {
@@ -65,11 +65,6 @@ std::string Sha256Hex(const void* data, size_t n) {
   return s;
 }
 
-std::string ModelsDir() {
-  if (const char* env = std::getenv("KVSERVE_MODELS"); env && *env) return env;
-  return std::string(KVSERVE_SOURCE_DIR) + "/models";
-}
-
 Result<LlamaModel> LoadLlama2cModel(const std::string& path, const std::string& tokenizer_path) {
   KV_ASSIGN_OR_RETURN(ByteBuffer data, ReadFile(path));
   if (data.size() < 28) {
@@ -122,11 +117,12 @@ Result<LlamaModel> LoadLlama2cModel(const std::string& path, const std::string& 
   return m;
 }
 
-Result<LlamaModel> LoadModel(const std::string& name_or_path, const std::string& tokenizer_path) {
+Result<LlamaModel> LoadModel(const std::string& name_or_path, const std::string& tokenizer_path,
+                             const std::string& models_dir) {
   std::string path = name_or_path;
-  if (!std::filesystem::exists(path)) {
+  if (!std::filesystem::exists(path) && !models_dir.empty()) {
     for (const char* ext : {".bin", ".gguf"}) {
-      const std::string cand = ModelsDir() + "/" + name_or_path + ext;
+      const std::string cand = models_dir + "/" + name_or_path + ext;
       if (std::filesystem::exists(cand)) {
         path = cand;
         break;
@@ -134,7 +130,8 @@ Result<LlamaModel> LoadModel(const std::string& name_or_path, const std::string&
     }
   }
   if (!std::filesystem::exists(path)) {
-    return Status::NotFound("model '" + name_or_path + "' is neither a file nor a model in " + ModelsDir() +
+    return Status::NotFound("model '" + name_or_path + "' is neither a file nor a model in " +
+                            (models_dir.empty() ? std::string("(no models folder given)") : models_dir) +
                             " (shipped: stories260K, babyllama105)");
   }
   char magic[4] = {0};

@@ -4,6 +4,7 @@
 
 #include "kvserve/calib.h"
 #include "kvserve/eval.h"
+#include "model/studies.h"
 
 namespace kvserve {
 
@@ -74,15 +75,17 @@ std::vector<NamedStrategy> StrategyTable(const LlamaConfig& config, uint32_t pro
 
 namespace kvserve {
 
-Result<uint64_t> CalibrateLowRank(const LlamaModel& model, uint32_t n_contexts, uint64_t seed) {
+Result<uint64_t> CalibrateLowRank(const LlamaModel& model, const std::string& calib_dir, const std::string& cache_dir,
+                                  uint32_t n_contexts, uint64_t seed) {
   EvalOptions o;
   o.n_contexts = n_contexts;
   o.seed = seed;
+  o.cache_dir = cache_dir;
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, Evaluator::Create(model, o));
   std::vector<const KvBlock*> samples;
   for (uint32_t i = 0; i < ev->eval_set().contexts.size(); ++i) samples.push_back(&ev->prompt_kv(i));
   KV_ASSIGN_OR_RETURN(LowRankBasis b, FitLowRankBasis(samples));
-  KV_RETURN_IF_ERROR(SaveLowRankBasis(b).status());
+  KV_RETURN_IF_ERROR(SaveLowRankBasis(b, calib_dir).status());
   return b.id;
 }
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kvserve/frame.h"
+#include "kvserve/file.h"
 #include "kvserve/model.h"
 
 namespace kvserve {

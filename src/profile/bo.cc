@@ -8,6 +8,7 @@
 
 #include "kv/rng.h"
 #include "kvserve/profile.h"
+#include "profile/search.h"
 
 namespace kvserve {
 namespace {

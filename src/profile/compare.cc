@@ -5,6 +5,7 @@
 #include <set>
 
 #include "kvserve/profile.h"
+#include "profile/search.h"
 
 namespace kvserve {
 

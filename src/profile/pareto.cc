@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "kvserve/profile.h"
+#include "profile/search.h"
 
 namespace kvserve {
 namespace {

@@ -7,8 +7,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "kvserve/frame.h"
+#include "kvserve/file.h"
 #include "kvserve/profile.h"
+#include "profile/search.h"
 
 namespace kvserve {
 namespace {

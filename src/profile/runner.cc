@@ -9,6 +9,7 @@
 #include "kvserve/codec_bench.h"
 #include "kvserve/eval.h"
 #include "kvserve/profile.h"
+#include "profile/search.h"
 
 namespace kvserve {
 namespace {
@@ -79,9 +80,10 @@ Result<Profile> RunProfile(Evaluator& ev, const SearchSpace& space, const Profil
     const uint32_t n_ctx = std::max<uint32_t>(1, std::min<uint32_t>(opts.ratio_contexts, ev.eval_set().contexts.size()));
     BenchOptions bo;
     bo.runs = std::max(1, opts.speed_runs);
+    bo.env = opts.codec_env;
     for (size_t i = 0; i < p.candidates.size(); ++i) {
       BoCandidate& c = p.candidates[i];
-      KV_ASSIGN_OR_RETURN(Pipeline pipe, Pipeline::Create(c.spec));
+      KV_ASSIGN_OR_RETURN(Pipeline pipe, Pipeline::Create(c.spec, opts.codec_env));
       uint64_t raw = 0, packed = 0;
       ByteBuffer frame;
       for (uint32_t k = 0; k < n_ctx; ++k) {

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "kvserve/codec.h"
-#include "kvserve/frame.h"
+#include "kvserve/file.h"
 #include "kvserve/profile.h"
 
 namespace kvserve {

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "kvserve/codec.h"
+#include "kvserve/file.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
 

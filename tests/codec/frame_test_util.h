@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kvserve/file.h"
 #include "kvserve/frame.h"
 
 namespace kvserve::testing {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "kvserve/calib.h"
 #include "kvserve/codec.h"
@@ -22,34 +23,38 @@ class LowRank : public ::testing::Test {
     dir_ = ::testing::TempDir() + "/kvserve_lowrank_test_" + std::to_string(::getpid());
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
-    setenv("KVSERVE_CALIB", dir_.c_str(), 1);
+    store_ = std::make_unique<CalibrationStore>(dir_);
+    env_.calibration = store_.get();
     // Calibration and test tokens from one synthetic "model" (a seed fixes its per-head means).
     KvBlock all = SynthesizeKv(KvShape{2, 2, 390, 16}, {.seed = 50, .dtype = DType::kF32}).value();
     calib_ = all.SliceTokens(0, 300).value();
     test_ = all.SliceTokens(300, 90).value();
     test_.set_token_offset(0);
     basis_ = FitLowRankBasis({&calib_}).value();
-    ASSERT_TRUE(SaveLowRankBasis(basis_).ok());
+    ASSERT_TRUE(SaveLowRankBasis(basis_, dir_).ok());
   }
   void TearDown() override {
-    unsetenv("KVSERVE_CALIB");
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
   std::string Spec(uint32_t rank) { return "lowrank(rank=" + std::to_string(rank) + ",basis=" + std::to_string(basis_.id) + ")"; }
+  Result<ByteBuffer> Enc(const KvBlock& b, const std::string& spec) { return EncodeKv(b, spec, {}, env_); }
+  Status Dec(const ByteBuffer& f, KvBlock* out) { return DecodeKv(f, out, {}, env_); }
   std::string dir_;
+  std::unique_ptr<CalibrationStore> store_;
+  CodecEnv env_;
   KvBlock calib_, test_;
   LowRankBasis basis_;
 };
 
 TEST_F(LowRank, FullRankIsLosslessAndErrorFallsWithRank) {
   KvBlock out;
-  ASSERT_TRUE(DecodeKv(EncodeKv(test_, Spec(16)).value(), &out).ok());
+  ASSERT_TRUE(Dec(Enc(test_, Spec(16)).value(), &out).ok());
   EXPECT_EQ(out.shape(), test_.shape());
   EXPECT_LT(CompareKv(test_, out).value().k.max_abs, 1e-3);
   double last = 1e9;
   for (uint32_t r : {2u, 4u, 8u, 12u}) {
-    ASSERT_TRUE(DecodeKv(EncodeKv(test_, Spec(r)).value(), &out).ok());
+    ASSERT_TRUE(Dec(Enc(test_, Spec(r)).value(), &out).ok());
     const double err = CompareKv(test_, out).value().v.mean_abs;
     EXPECT_LT(err, last) << r;
     last = err;
@@ -70,34 +75,39 @@ TEST_F(LowRank, BasisIsOrthonormal) {
 TEST_F(LowRank, ComposesWithQuantisers) {
   KvBlock out;
   const std::string spec = Spec(8) + "|quant(kbits=4,vbits=4)|rans";
-  ASSERT_TRUE(DecodeKv(EncodeKv(test_, spec).value(), &out).ok()) << spec;
+  ASSERT_TRUE(Dec(Enc(test_, spec).value(), &out).ok()) << spec;
   EXPECT_EQ(out.shape(), test_.shape());
   EXPECT_GT(CompareKv(test_, out).value().k.snr_db, 8);
   const std::string pruned = "prune(keep=0.5)|" + Spec(8) + "|quant";
-  ASSERT_TRUE(DecodeKv(EncodeKv(test_, pruned).value(), &out).ok()) << pruned;
+  ASSERT_TRUE(Dec(Enc(test_, pruned).value(), &out).ok()) << pruned;
   EXPECT_EQ(out.shape().head_dim, 16u);
   EXPECT_LT(out.shape().n_token, 90u);
 }
 
 TEST_F(LowRank, MissingMismatchedOrDamagedBasisIsAClearError) {
-  auto r = EncodeKv(test_, "lowrank(rank=4,basis=12345)");
+  auto r = Enc(test_, "lowrank(rank=4,basis=12345)");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("lowrank basis 12345 is not in"), std::string::npos) << r.status().message();
-  r = EncodeKv(test_, "lowrank(rank=4)");
+  r = Enc(test_, "lowrank(rank=4)");
   EXPECT_NE(r.status().message().find("needs basis=<id>"), std::string::npos) << r.status().message();
   KvBlock other = SynthesizeKv(KvShape{3, 2, 10, 16}, {}).value();
-  r = EncodeKv(other, Spec(4));
+  r = Enc(other, Spec(4));
+  EXPECT_NE(r.status().message().find("is for 2 layers"), std::string::npos) << r.status().message();
+  // Without calibration data the spec parses but cannot run, and says why.
+  r = EncodeKv(test_, Spec(4));
+  EXPECT_NE(r.status().message().find("needs calibration data"), std::string::npos) << r.status().message();
+  r = Enc(other, Spec(4));
   EXPECT_NE(r.status().message().find("is for 2 layers"), std::string::npos) << r.status().message();
   // A frame encoded with a basis that later changed on disk is refused at decode.
-  ByteBuffer f = EncodeKv(test_, Spec(4)).value();
+  ByteBuffer f = Enc(test_, Spec(4)).value();
   {
     std::fstream file(dir_ + "/lowrank-" + std::to_string(basis_.id) + ".bin", std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(100);
     file.put('\x42');
   }
-  setenv("KVSERVE_CALIB", (dir_ + "/").c_str(), 1);  // a new path: the process cache does not apply
+  CalibrationStore fresh(dir_);  // a new store: the first one keeps the basis it loaded
   KvBlock out;
-  Status st = DecodeKv(f, &out);
+  Status st = DecodeKv(f, &out, {}, CodecEnv{&fresh});
   EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
   EXPECT_NE(st.message().find("does not match its id"), std::string::npos) << st.message();
 }

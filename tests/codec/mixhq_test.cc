@@ -7,6 +7,7 @@
 
 #include "codec/frame_test_util.h"
 #include "kvserve/codec.h"
+#include "kvserve/file.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kvserve/controller.h"
+#include "control/simulator.h"
 
 namespace kvserve {
 namespace {

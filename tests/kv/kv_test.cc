@@ -58,11 +58,45 @@ TEST(KvBlock, CompareIdenticalAndPerturbed) {
   EXPECT_LT(r.v.snr_db, 200);
 }
 
+TEST(KvBlock, ViewsAreNonOwningAndStrided) {
+  const KvShape s{2, 2, 3, 4};
+  std::vector<uint16_t> mem(size_t(s.n_slab()) * 5 * 4, 0);  // room for 5 tokens per slab
+  KvBlock v = KvBlock::View(s, DType::kF16, mem.data(), 5 * 4).value();
+  EXPECT_TRUE(v.is_view());
+  EXPECT_FALSE(v.is_dense());
+  v.Set(1, KvPart::kValue, 1, 2, 3, 1.5f);
+  EXPECT_EQ(HalfToFloat(mem[(7 * 5 + 2) * 4 + 3]), 1.5f);  // slab (1, V, 1) = 7, token 2, dim 3
+  KvBlock layer1 = v.LayerView(1, 1).value();
+  EXPECT_EQ(layer1.shape().n_layer, 1u);
+  EXPECT_EQ(layer1.Get(0, KvPart::kValue, 1, 2, 3), 1.5f);
+  KvBlock dense = v.ConvertTo(DType::kF32).value();
+  EXPECT_FALSE(dense.is_view());
+  EXPECT_EQ(dense.Get(1, KvPart::kValue, 1, 2, 3), 1.5f);
+  // A view holds its own shape and dtype only.
+  EXPECT_TRUE(v.Reset(s, DType::kF16).ok());
+  EXPECT_FALSE(v.Reset(KvShape{2, 2, 4, 4}, DType::kF16).ok());
+  EXPECT_FALSE(v.Reset(s, DType::kF32).ok());
+  EXPECT_FALSE(KvBlock::View(s, DType::kF16, mem.data(), 11).ok());  // stride below a slab
+  EXPECT_FALSE(KvBlock::View(s, DType::kF16, nullptr).ok());
+  EXPECT_FALSE(v.LayerView(1, 2).ok());
+  // Copies of a view are views of the same memory.
+  KvBlock copy = v;
+  copy.Set(0, KvPart::kKey, 0, 0, 0, 2.0f);
+  EXPECT_EQ(v.Get(0, KvPart::kKey, 0, 0, 0), 2.0f);
+}
+
+TEST(ResultDeathTest, ValueOfAnErrorStopsWithItsMessageInsteadOfThrowing) {
+  Result<int> r = Status::InvalidArgument("the field x=3 is bad");
+  EXPECT_DEATH((void)r.value(), "Result::value\\(\\) called on an error: invalid argument: the field x=3 is bad");
+  EXPECT_EQ(r.status().message(), "the field x=3 is bad");
+}
+
 TEST(Synth, DeterministicAndThreadIndependent) {
   KvShape s{4, 2, 64, 16};
-  KvBlock a = SynthesizeKv(s, {.seed = 3, .threads = 1}).value();
-  KvBlock b = SynthesizeKv(s, {.seed = 3, .threads = 2}).value();
-  KvBlock c = SynthesizeKv(s, {.seed = 4, .threads = 1}).value();
+  ThreadPool pool(2);
+  KvBlock a = SynthesizeKv(s, {.seed = 3}).value();
+  KvBlock b = SynthesizeKv(s, {.seed = 3, .pool = &pool}).value();
+  KvBlock c = SynthesizeKv(s, {.seed = 4}).value();
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0);
   EXPECT_NE(std::memcmp(a.data(), c.data(), a.bytes()), 0);
 }

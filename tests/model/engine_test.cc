@@ -321,7 +321,7 @@ TEST_F(BadFiles, ModelAndTokenizerErrorsAreClear) {
   g = LoadModel(Write("t2.gguf", gguf.substr(0, gguf.size() - 1000)));
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("beyond the end"), std::string::npos) << g.status().message();
-  EXPECT_EQ(LoadModel("no-such-model").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(LoadModel("no-such-model", "", ModelsDir()).status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

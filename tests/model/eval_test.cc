@@ -13,6 +13,7 @@
 
 #include "kvserve/eval.h"
 #include "model_test_util.h"
+#include "model/studies.h"
 
 namespace kvserve {
 namespace {
@@ -125,7 +126,6 @@ TEST(Evaluator, ThreadsAndCacheDoNotChangeResults) {
 TEST(Evaluator, RejectsImpossibleWindows) {
   EvalOptions o;
   o.prompt_len = 255;
-  o.disk_cache = false;
   EXPECT_FALSE(Evaluator::Create(Baby(), o).ok());
   o.prompt_len = 200;  // 200 + 64 greedy tokens > 256
   auto r = Evaluator::Create(Baby(), o);
@@ -186,8 +186,8 @@ TEST(HeadProfile, ScoresEveryKvHeadInRange) {
   ASSERT_EQ(scores.size(), size_t(c.n_layer) * c.n_head_kv);
   std::vector<bool> seen(scores.size(), false);
   for (const auto& s : scores) {
-    EXPECT_GE(s.retrieval, 0.0);
-    EXPECT_LE(s.retrieval, 1.0);
+    EXPECT_GE(s.score, 0.0);
+    EXPECT_LE(s.score, 1.0);
     seen[s.rank] = true;
   }
   EXPECT_EQ(std::count(seen.begin(), seen.end(), true), int(scores.size()));
@@ -195,7 +195,7 @@ TEST(HeadProfile, ScoresEveryKvHeadInRange) {
   HeadProfileOptions all;
   all.sink = 0;
   all.recent = 1;
-  for (const auto& s : RetrievalHeadScores(Full(Stories()), all).value()) EXPECT_GT(s.retrieval, 0.5);
+  for (const auto& s : RetrievalHeadScores(Full(Stories()), all).value()) EXPECT_GT(s.score, 0.5);
 }
 
 }  // namespace

@@ -2,15 +2,16 @@
 #pragma once
 
 #include "kvserve/model.h"
+#include "test_paths.h"
 
 namespace kvserve::testing {
 
 inline const LlamaModel& Stories() {
-  static const LlamaModel m = LoadModel("stories260K").value();
+  static const LlamaModel m = LoadModel("stories260K", "", ModelsDir()).value();
   return m;
 }
 inline const LlamaModel& Baby() {
-  static const LlamaModel m = LoadModel("babyllama105").value();
+  static const LlamaModel m = LoadModel("babyllama105", "", ModelsDir()).value();
   return m;
 }
 

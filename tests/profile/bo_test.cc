@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kvserve/profile.h"
+#include "profile/search.h"
 
 namespace kvserve {
 namespace {

@@ -24,7 +24,6 @@ class RunnerTest : public ::testing::Test {
     std::filesystem::create_directories(dir_);
     EvalOptions o;
     o.n_contexts = 8;
-    o.disk_cache = false;
     ev_ = Evaluator::Create(testing::Stories(), o).value();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
