@@ -32,6 +32,10 @@ const CodecEnv& Codec();
 // One reusable pool per thread count for the process; null for threads <= 1.
 ThreadPool* Pool(int threads);
 
+// A flag's number must lie in [lo, hi]; NaN, infinities and text are refused by name, so a
+// nonsense value never reaches a computation whose result would be printed.
+CLI::Validator InRange(double lo, double hi);
+
 double NowSeconds();
 double Median(std::vector<double> v);
 bool StderrIsTerminal();

@@ -63,7 +63,7 @@ void AddCodecCommands(CLI::App& app) {
     auto dtype = std::make_shared<std::string>("f16");
     auto out = std::make_shared<std::string>();
     c->add_option("--shape", *shape, "llama3-8b | stories260k | babyllama105")->capture_default_str();
-    c->add_option("--tokens", *tokens, "number of tokens")->capture_default_str();
+    c->add_option("--tokens", *tokens, "number of tokens")->capture_default_str()->check(InRange(1, 1 << 24));
     c->add_option("--seed", *seed, "random seed")->capture_default_str();
     c->add_option("--dtype", *dtype, "f16 | bf16 | f32")->capture_default_str();
     c->add_option("-o,--output", *out, "output .kvf file")->required();
@@ -92,7 +92,7 @@ void AddCodecCommands(CLI::App& app) {
     c->add_option("-s,--strategy", *spec, "strategy spec, e.g. 'quant(kbits=2,vbits=2)|zstd(level=3)'")->required();
     c->add_option("-i,--input", *in, "input frame (.kvf)")->required();
     c->add_option("-o,--output", *out, "output frame")->required();
-    c->add_option("--threads", *threads, "worker threads")->capture_default_str();
+    c->add_option("--threads", *threads, "worker threads")->capture_default_str()->check(InRange(1, 256));
     SetAction(c, [=]() -> Status {
       KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(*spec, Codec()));
       KV_ASSIGN_OR_RETURN(KvBlock b, ReadAnyFrame(*in));
@@ -156,9 +156,9 @@ void AddCodecCommands(CLI::App& app) {
     c->add_option("-s,--strategy", *specs, "strategy to measure (repeatable); default: 8/4/2-bit quant, +/- zstd");
     c->add_option("--entropy-payload", *entropy_payload,
                   "quantised payload on which zstd(level=3) and rans are compared")->capture_default_str();
-    c->add_option("--tokens", *tokens, "tokens in the block")->capture_default_str();
-    c->add_option("--threads", *threads, "codec threads")->capture_default_str();
-    c->add_option("--runs", *runs, "runs per measurement (median)")->capture_default_str();
+    c->add_option("--tokens", *tokens, "tokens in the block")->capture_default_str()->check(InRange(1, 65536));
+    c->add_option("--threads", *threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
+    c->add_option("--runs", *runs, "runs per measurement (median)")->capture_default_str()->check(InRange(1, 1000));
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {
       const std::vector<std::string>& list = specs->empty() ? kDefaultBenchStrategies : *specs;

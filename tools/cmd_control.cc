@@ -65,9 +65,9 @@ void AddControlCommands(CLI::App& app) {
     c->add_option("--policy", *policy, "adaptive | adaptive-ma | oracle | none | static:SPEC | all")->capture_default_str();
     c->add_option("--drift", *drifts, "injected mismatch, repeatable: codec:1.5@100 (codec 1.5x slower from t=100 s), link:2@100");
     c->add_option("--kv-bytes-per-token", sim->kv_bytes_per_token, "fp16 KV bytes per prompt token (llama3-8b: 131072)")
-        ->capture_default_str();
-    c->add_option("--prefill-tps", sim->prefill_tokens_per_second, "prefill tokens per second (model time)")->capture_default_str();
-    c->add_option("--codec-threads", sim->codec_threads, "codec speed multiplier per side")->capture_default_str();
+        ->capture_default_str()->check(InRange(1, 1e9));
+    c->add_option("--prefill-tps", sim->prefill_tokens_per_second, "prefill tokens per second (model time)")->capture_default_str()->check(InRange(1e-3, 1e9));
+    c->add_option("--codec-threads", sim->codec_threads, "codec speed multiplier per side")->capture_default_str()->check(InRange(1, 256));
     c->add_flag("--explain", *explain, "print the adaptive controller's explanation of every decision");
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {
@@ -136,12 +136,12 @@ void AddControlCommands(CLI::App& app) {
     auto* explain = new bool(false);
     auto* c = ctl->add_subcommand("decide", "One decision for one request, with its explanation");
     f->Add(c);
-    c->add_option("--bandwidth-gbps", *gbps, "link bandwidth estimate")->capture_default_str();
-    c->add_option("--tokens", *tokens, "prompt tokens")->capture_default_str();
+    c->add_option("--bandwidth-gbps", *gbps, "link bandwidth estimate")->capture_default_str()->check(InRange(1e-6, 1e6));
+    c->add_option("--tokens", *tokens, "prompt tokens")->capture_default_str()->check(InRange(1, 1e7));
     c->add_option("--label", r->label, "workload label (retrieval demands floor 0.99)")->capture_default_str();
-    c->add_option("--slo-ms", *slo_ms, "latency budget of the transfer path")->capture_default_str();
-    c->add_option("--floor", r->floor, "quality floor (relative accuracy)")->capture_default_str();
-    c->add_option("--kv-bytes-per-token", *kv_per_token, "fp16 KV bytes per token")->capture_default_str();
+    c->add_option("--slo-ms", *slo_ms, "latency budget of the transfer path")->capture_default_str()->check(InRange(1e-3, 1e9));
+    c->add_option("--floor", r->floor, "quality floor (relative accuracy)")->capture_default_str()->check(InRange(1e-9, 1.05));
+    c->add_option("--kv-bytes-per-token", *kv_per_token, "fp16 KV bytes per token")->capture_default_str()->check(InRange(1, 1e9));
     c->add_flag("--explain", *explain, "print the explanation line");
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {

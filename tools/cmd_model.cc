@@ -267,9 +267,9 @@ void AddModelCommands(CLI::App& app) {
     mf->Add(c);
     auto* po = c->add_option("-p,--prompt", *prompt, "prompt text");
     c->add_option("--tokens", *tokens, "prompt as token ids (BOS=1 is not added)")->excludes(po);
-    c->add_option("-n,--steps", *n, "tokens to generate")->capture_default_str();
-    c->add_option("-t,--temperature", *temperature, "0 = greedy")->capture_default_str();
-    c->add_option("--top-p", *top_p, "nucleus for sampling")->capture_default_str();
+    c->add_option("-n,--steps", *n, "tokens to generate")->capture_default_str()->check(InRange(0, 1 << 20));
+    c->add_option("-t,--temperature", *temperature, "0 = greedy")->capture_default_str()->check(InRange(0, 100));
+    c->add_option("--top-p", *top_p, "nucleus for sampling")->capture_default_str()->check(InRange(1e-6, 1));
     c->add_option("--seed", *seed, "sampling seed")->capture_default_str();
     c->add_flag("--ids", *ids_out, "print token ids instead of text");
     SetAction(c, [=]() -> Status {
@@ -358,13 +358,13 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("--markdown", *md_out, "with --table: also write a Markdown table here");
     c->add_option("--svg", *svg_out, "with --table: also write a quality-vs-ratio plot here");
     c->add_option("--bench-tokens", *bench_tokens, "with --table: tokens of the llama3-8b block for codec speed")
-        ->capture_default_str();
+        ->capture_default_str()->check(InRange(1, 65536));
     auto mixhq_study = std::make_shared<bool>(false);
     auto lo_frac = std::make_shared<double>(0.8);
     c->add_flag("--mixhq-study", *mixhq_study,
                 "MixHQ against uniform levels at equal average bits: head rankings (random, retrieval score, "
                 "measured sensitivity) and the bit-budget solver on measured slab sensitivities")->excludes(so);
-    c->add_option("--lo-frac", *lo_frac, "with --mixhq-study: share of coarse heads")->capture_default_str();
+    c->add_option("--lo-frac", *lo_frac, "with --mixhq-study: share of coarse heads")->capture_default_str()->check(InRange(0, 1));
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {
       if (*table) return RunTable(*mf, *ef, *as_json, *md_out, *svg_out, *bench_tokens);
@@ -412,7 +412,7 @@ void AddModelCommands(CLI::App& app) {
     auto contexts = std::make_shared<uint32_t>(16);
     auto seed = std::make_shared<uint64_t>(1000);
     mf->Add(c);
-    c->add_option("--contexts", *contexts, "calibration contexts")->capture_default_str();
+    c->add_option("--contexts", *contexts, "calibration contexts")->capture_default_str()->check(InRange(1, 4096));
     c->add_option("--seed", *seed, "calibration-set seed (keep it apart from the evaluation seed)")->capture_default_str();
     SetAction(c, [=]() -> Status {
       KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
@@ -446,7 +446,7 @@ void AddModelCommands(CLI::App& app) {
       auto runs = std::make_shared<int>(5);
       auto as_json = std::make_shared<bool>(false);
       mf->Add(c);
-      c->add_option("--runs", *runs, "runs (median)")->capture_default_str();
+      c->add_option("--runs", *runs, "runs (median)")->capture_default_str()->check(InRange(1, 1000));
       c->add_flag("--json", *as_json, "machine-readable output");
       SetAction(c, [=]() -> Status {
         KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));

@@ -103,14 +103,14 @@ void AddRunFlags(CLI::App* c, RunFlags* f, bool grid) {
   c->add_option("--space", f->space_path, "space file (JSON; default: the built-in space, see `profile space`)");
   if (!grid) {
     c->add_option("--mode", f->mode, "acquisition: constrained | ehvi | random")->capture_default_str();
-    c->add_option("--budget", f->budget, "quality evaluations")->capture_default_str();
+    c->add_option("--budget", f->budget, "quality evaluations")->capture_default_str()->check(InRange(1, 100000));
     c->add_option("--init", f->n_init, "cold-start evaluations (0: 2 for ehvi, 5 for constrained)")->capture_default_str();
     c->add_option("--search-seed", f->search_seed, "seed of the search")->capture_default_str();
   }
-  c->add_option("--floor", f->floor, "quality floor (relative accuracy) for feasibility")->capture_default_str();
+  c->add_option("--floor", f->floor, "quality floor (relative accuracy) for feasibility")->capture_default_str()->check(InRange(1e-9, 1.05));
   c->add_option("--speed-tokens", f->speed_tokens, "tokens of the llama3-8b block the codec speed is measured on")
-      ->capture_default_str();
-  c->add_option("--speed-runs", f->speed_runs, "runs per speed measurement (median)")->capture_default_str();
+      ->capture_default_str()->check(InRange(1, 65536));
+  c->add_option("--speed-runs", f->speed_runs, "runs per speed measurement (median)")->capture_default_str()->check(InRange(1, 1000));
   c->add_option("-o,--output", f->out, "profile file; written after every evaluation, resumed if it exists")
       ->required(grid);
   c->add_flag("--json", f->as_json, "print the profile as JSON");
@@ -292,7 +292,7 @@ void AddProfileCommands(CLI::App& app) {
     auto* c = prof->add_subcommand("compare", "BO (ehvi, constrained) and random search against a cached grid");
     c->add_option("--grid", *path, "grid file written by `profile grid`")->required();
     c->add_option("--budget-frac", *fracs, "budgets as fractions of the grid, comma-separated")->capture_default_str();
-    c->add_option("--seeds", *seeds, "seeds per method")->capture_default_str();
+    c->add_option("--seeds", *seeds, "seeds per method")->capture_default_str()->check(InRange(1, 1000));
     c->add_option("--methods", *methods, "comma-separated: ehvi, constrained, random")->capture_default_str();
     c->add_option("--init", *n_init, "cold-start evaluations of the BO methods (0: 2 for ehvi, 5 for constrained)")->capture_default_str();
     c->add_option("--svg", *svg, "also write hypervolume vs evaluations (SVG)");

@@ -84,6 +84,23 @@ ThreadPool* Pool(int threads) {
   return p.get();
 }
 
+CLI::Validator InRange(double lo, double hi) {
+  auto text = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  const std::string range = "[" + text(lo) + ", " + text(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !(v >= lo && v <= hi)) return "want a number in " + range + ", got '" + s + "'";
+        return "";
+      },
+      range);
+}
+
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

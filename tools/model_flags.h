@@ -25,10 +25,10 @@ struct EvalFlags {
   uint64_t seed = 1;
   int threads = 1;
   void Add(CLI::App* c) {
-    c->add_option("--contexts", contexts, "evaluation contexts (default: enough for >= 8000 scored positions)");
-    c->add_option("--prompt-len", prompt_len, "prompt tokens per context (default: 3/4 of the window)");
+    c->add_option("--contexts", contexts, "evaluation contexts (default: enough for >= 8000 scored positions)")->check(InRange(0, 4096));
+    c->add_option("--prompt-len", prompt_len, "prompt tokens per context (default: 3/4 of the window)")->check(InRange(0, 1 << 20));
     c->add_option("--seed", seed, "evaluation-set seed")->capture_default_str();
-    c->add_option("--threads", threads, "contexts evaluated in parallel")->capture_default_str();
+    c->add_option("--threads", threads, "contexts evaluated in parallel")->capture_default_str()->check(InRange(1, 256));
   }
   EvalOptions Options() const {
     EvalOptions o;

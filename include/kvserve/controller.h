@@ -48,6 +48,7 @@ struct BandwidthEstimatorOptions {
   double window_seconds = 30.0; // history for the planning estimate (harmonic mean)
 };
 
+// Not thread-safe: one estimator per link, updated and read by one thread (or under a lock).
 class BandwidthEstimator {
  public:
   explicit BandwidthEstimator(BandwidthEstimatorOptions o = {}) : o_(o) {}
@@ -124,6 +125,9 @@ struct ControllerOptions {
   std::vector<std::pair<std::string, double>> label_floors = {{"retrieval", 0.99}};
 };
 
+// Not thread-safe: Decide and Observe update the bandit and the moving averages. A server shares
+// one Controller across connections behind a mutex (decisions take microseconds), or keeps one
+// per link; const members (Predict, Explain, FloorFor) may run concurrently with each other.
 class Controller {
  public:
   // `strategies` need not include none: it is added as strategy 0.

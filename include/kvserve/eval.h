@@ -53,6 +53,8 @@ struct EvalMetrics {
 
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
+// Not thread-safe: one Evaluate at a time (it already runs its contexts on the pool); the
+// const accessors may be read from several threads.
 class Evaluator {
  public:
   // Builds (or loads from the cache) the evaluation set and the exact run, and prefills every

@@ -158,6 +158,8 @@ float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);       // round to nearest even, overflow to inf, NaN kept
 float BFloat16ToFloat(uint16_t b);
 uint16_t FloatToBFloat16(float f);   // round to nearest even, NaN kept quiet
+// Whether ConvertToF32/ConvertFromF32 use F16C/AVX2 in this build (else the scalar loops).
+bool HaveF16cConversions();
 namespace scalar {
 void HalfToFloat(const uint16_t* src, float* dst, size_t n);
 void FloatToHalf(const float* src, uint16_t* dst, size_t n);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,6 +85,8 @@ Result<LlamaModel> LoadModel(const std::string& name_or_path, const std::string&
                              const std::string& models_dir = "");
 Result<LlamaModel> LoadLlama2cModel(const std::string& path, const std::string& tokenizer_path);
 Result<LlamaModel> LoadGgufModel(const std::string& path);
+// The GGUF loader on bytes in memory; `origin` names them in errors.
+Result<LlamaModel> ParseGgufModel(std::span<const uint8_t> data, const std::string& origin);
 std::string Sha256Hex(const void* data, size_t n);
 
 // The running KV cache: a f32 KvBlock of n_token = capacity; slots [0, n_pos) are valid. Slots

@@ -70,6 +70,9 @@ struct BoObservation {
   double quality = 0, quality_se = 0, kl = 0;
   double acquisition = 0;  // value that chose it (0 for cold-start and random picks)
   double seconds = 0;      // evaluation time
+  // Grid logs: the log entry whose evaluation this one shares (same quality group, so the same
+  // decoded KV); -1 when this entry was evaluated itself.
+  int64_t shared_from = -1;
 };
 
 struct BoOptions {

@@ -677,3 +677,11 @@ StageRegistration QuantStageRegistration() {
 }
 
 }  // namespace kvserve
+
+namespace kvserve::quant {
+#ifdef KVSERVE_QUANT_AVX512
+bool HaveAvx512Kernels() { return true; }
+#else
+bool HaveAvx512Kernels() { return false; }
+#endif
+}  // namespace kvserve::quant

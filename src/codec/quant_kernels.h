@@ -13,7 +13,9 @@ namespace kvserve::quant {
 // block of n values (n padded to a multiple of 8) are split into k segments of n/k, and byte j
 // holds code j + i*(n/k) in its bits [i*w, i*w + w). Every byte of a plane is computed from
 // k contiguous streams, so packing and unpacking vectorise without shuffles.
-size_t PackedBytes(size_t n, int bits);  // n rounded up to a multiple of 8, times bits / 8
+size_t PackedBytes(size_t n, int bits);
+// Whether the *Fast kernels of this build use their AVX-512/F16C loops (else portable loops).
+bool HaveAvx512Kernels();  // n rounded up to a multiple of 8, times bits / 8
 void PackCodes(const uint8_t* codes, size_t n_padded, int bits, uint8_t* out);
 void UnpackCodes(const uint8_t* in, size_t n_padded, int bits, uint8_t* codes);
 void PackCodesReference(const uint8_t* codes, size_t n_padded, int bits, uint8_t* out);

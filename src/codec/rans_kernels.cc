@@ -174,7 +174,9 @@ void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, 
   _mm512_storeu_si512(st.x + 16, x1);
   st.ptr = ptr;
 }
+bool HaveSimdEncoder() { return true; }
 #else
+bool HaveSimdEncoder() { return false; }
 void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
   EncodeRunScalar(st, r, rcp, n, sym);
 }

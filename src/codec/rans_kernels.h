@@ -53,6 +53,8 @@ std::vector<uint8_t> SlotTables(const Run& run);
 bool DecodeRun(DecoderState& st, const Run& run, const std::vector<uint32_t>& lane_tables,
                const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out);
 bool HaveSimdDecoder();
+// Whether the encoder has its AVX-512 loop in this build (it also needs AVX-512 BW/VL/CD).
+bool HaveSimdEncoder();
 
 // Encoder side of a run: the same tables (entries start | freq << 16) plus, per entry, the
 // reciprocal that replaces the division by freq (x / f == (x * rcp) >> 32 >> shift for every

@@ -53,6 +53,10 @@ Status LineError(std::string_view origin, size_t line, const std::string& what) 
   return Status::InvalidArgument(std::string(origin) + ":" + std::to_string(line) + ": " + what);
 }
 
+// Times in traces and workloads: 1e7 s is 115 days, beyond any replay; past it double
+// arithmetic on latencies (t + milliseconds) loses the milliseconds.
+constexpr double kMaxSeconds = 1e7;
+
 bool ParseNumber(const std::string& s, double* v) {
   if (s.empty()) return false;
   char* end = nullptr;
@@ -192,8 +196,10 @@ Result<std::vector<TracePoint>> ParseTrace(std::string_view csv, std::string_vie
   for (auto& [line, f] : CsvRows(csv)) {
     if (f.size() != 2) return LineError(origin, line, "want 2 fields (time_s,gbps), got " + std::to_string(f.size()));
     TracePoint p;
-    if (!ParseNumber(f[0], &p.t) || p.t < 0) return LineError(origin, line, "time '" + f[0] + "' is not a number >= 0");
-    if (!ParseNumber(f[1], &p.gbps) || !(p.gbps > 0)) return LineError(origin, line, "gbps '" + f[1] + "' is not a number > 0");
+    if (!ParseNumber(f[0], &p.t) || p.t < 0 || p.t > kMaxSeconds)
+      return LineError(origin, line, "time '" + f[0] + "' is not a number in [0, 1e7] seconds");
+    if (!ParseNumber(f[1], &p.gbps) || !(p.gbps > 0) || p.gbps > 1e6)
+      return LineError(origin, line, "gbps '" + f[1] + "' is not a number in (0, 1e6]");
     if (!out.empty() && p.t < out.back().t)
       return LineError(origin, line, "time " + f[0] + " goes back (previous row is at " + std::to_string(out.back().t) + ")");
     out.push_back(p);
@@ -220,7 +226,8 @@ Result<std::vector<WorkloadRequest>> ParseWorkload(std::string_view csv, std::st
       return LineError(origin, line, "want 5 fields (arrival_s,prompt_tokens,label,slo_ms,floor), got " + std::to_string(f.size()));
     WorkloadRequest r;
     double tokens;
-    if (!ParseNumber(f[0], &r.arrival) || r.arrival < 0) return LineError(origin, line, "arrival_s '" + f[0] + "' is not a number >= 0");
+    if (!ParseNumber(f[0], &r.arrival) || r.arrival < 0 || r.arrival > kMaxSeconds)
+      return LineError(origin, line, "arrival_s '" + f[0] + "' is not a number in [0, 1e7] seconds");
     if (!out.empty() && r.arrival < out.back().arrival) return LineError(origin, line, "arrival_s " + f[0] + " goes back");
     if (!ParseNumber(f[1], &tokens) || tokens < 1 || tokens > 1e7 || tokens != std::floor(tokens))
       return LineError(origin, line, "prompt_tokens '" + f[1] + "' is not an integer in 1..10000000");

@@ -15,6 +15,12 @@ inline uint32_t Bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float FromBits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 }  // namespace
 
+#ifdef KVSERVE_HAVE_F16C
+bool HaveF16cConversions() { return true; }
+#else
+bool HaveF16cConversions() { return false; }
+#endif
+
 size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 const char* DTypeName(DType dtype) {

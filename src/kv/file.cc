@@ -147,18 +147,26 @@ Status WriteFileAtomic(const std::string& path_in, std::span<const uint8_t> byte
     if (!S_ISREG(st.st_mode)) return Status::InvalidArgument("cannot write '" + path_in + "': it is " + FileKind(st.st_mode));
   }
   static std::atomic<uint64_t> counter{0};
+  auto temp_name = [&] { return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)); };
+  // Preferably an unnamed file in the target's folder (O_TMPFILE), named only just before the
+  // rename: a process killed while writing (SIGKILL cannot be caught) leaves nothing behind.
+  const std::string folder = [&] {
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos ? std::string(".") : slash == 0 ? std::string("/") : path.substr(0, slash);
+  }();
+  int fd = ::open(folder.c_str(), O_WRONLY | O_TMPFILE | O_CLOEXEC, 0644);
+  const bool unnamed = fd >= 0;
   std::string tmp;
-  int fd = -1;
   for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+    tmp = temp_name();
     // O_EXCL | O_NOFOLLOW: a file or link planted at the temp name is never written through.
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0) return Status::IoError("cannot create a temp file beside '" + path_in + "': " + Errno());
-  const int slot = ClaimTempSlot(tmp);
+  int slot = unnamed ? -1 : ClaimTempSlot(tmp);
   auto fail = [&](Status s) {
-    ::unlink(tmp.c_str());
+    if (!tmp.empty()) ::unlink(tmp.c_str());
     ReleaseTempSlot(slot);
     return s;
   };
@@ -166,9 +174,26 @@ Status WriteFileAtomic(const std::string& path_in, std::span<const uint8_t> byte
     ::close(fd);
     return fail(s);
   }
-  // The descriptor is closed whatever fsync says; either failure fails the write.
   const bool synced = ::fsync(fd) == 0;
   const std::string sync_why = synced ? "" : Errno();
+  if (synced && unnamed) {
+    // Give the unnamed file a fresh name (linkat never replaces), then rename it over the target.
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+    for (int attempt = 0; attempt < 16; ++attempt) {
+      tmp = temp_name();
+      if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0) break;
+      const int e = errno;
+      tmp.clear();
+      if (e != EEXIST) break;
+    }
+    if (tmp.empty()) {
+      const std::string why = Errno();
+      ::close(fd);
+      return fail(Status::IoError("writing '" + path_in + "': cannot name the temp file: " + why));
+    }
+    slot = ClaimTempSlot(tmp);
+  }
+  // The descriptor is closed whatever fsync said; either failure fails the write.
   const bool closed = ::close(fd) == 0;
   if (!synced) return fail(Status::IoError("flushing '" + path_in + "': " + sync_why));
   if (!closed) return fail(Status::IoError("closing '" + path_in + "': " + Errno()));

@@ -13,7 +13,7 @@ namespace {
 
 class Reader {
  public:
-  Reader(const ByteBuffer& d, std::string path) : d_(d), path_(std::move(path)) {}
+  Reader(std::span<const uint8_t> d, std::string path) : d_(d), path_(std::move(path)) {}
   size_t pos() const { return off_; }
   Status Need(size_t n) const {
     if (d_.size() - off_ < n) {
@@ -46,7 +46,7 @@ class Reader {
   void Seek(size_t off) { off_ = off; }
 
  private:
-  const ByteBuffer& d_;
+  std::span<const uint8_t> d_;
   std::string path_;
   size_t off_ = 0;
 };
@@ -95,6 +95,10 @@ struct TensorInfo {
 
 Result<LlamaModel> LoadGgufModel(const std::string& path) {
   KV_ASSIGN_OR_RETURN(ByteBuffer data, ReadFile(path));
+  return ParseGgufModel(data, path);
+}
+
+Result<LlamaModel> ParseGgufModel(std::span<const uint8_t> data, const std::string& path) {
   Reader r(data, path);
   KV_ASSIGN_OR_RETURN(uint32_t magic, r.Get<uint32_t>());
   if (std::memcmp(&magic, "GGUF", 4) != 0) return Status::Corrupt("'" + path + "' is not a GGUF file (bad magic)");
@@ -125,14 +129,21 @@ Result<LlamaModel> LoadGgufModel(const std::string& path) {
     }
     kv[key] = std::move(v);
   }
-  auto num = [&](const std::string& k, double def, bool required) -> Result<double> {
+  // Every number is checked before it is used: a size becomes a uint32 and an allocation.
+  auto num = [&](const std::string& k, double def, bool required, double lo, double hi) -> Result<double> {
     auto it = kv.find(k);
     if (it == kv.end()) {
       if (required) return Status::Corrupt("GGUF '" + path + "' lacks metadata key " + k);
       return def;
     }
-    return AsNumber(it->second.scalar);
+    const double v = AsNumber(it->second.scalar);
+    if (!(v >= lo && v <= hi)) {
+      return Status::Corrupt("GGUF '" + path + "' metadata " + k + "=" + std::to_string(v) + " is outside [" +
+                             std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    return v;
   };
+  constexpr double kMaxSize = double(1 << 30);
   auto arch = kv.find("general.architecture");
   if (arch == kv.end() || !std::holds_alternative<std::string>(arch->second.scalar) ||
       std::get<std::string>(arch->second.scalar) != "llama") {
@@ -140,15 +151,15 @@ Result<LlamaModel> LoadGgufModel(const std::string& path) {
   }
   LlamaModel m;
   LlamaConfig& c = m.config;
-  KV_ASSIGN_OR_RETURN(double ctx, num("llama.context_length", 0, true));
-  KV_ASSIGN_OR_RETURN(double dim, num("llama.embedding_length", 0, true));
-  KV_ASSIGN_OR_RETURN(double layers, num("llama.block_count", 0, true));
-  KV_ASSIGN_OR_RETURN(double ff, num("llama.feed_forward_length", 0, true));
-  KV_ASSIGN_OR_RETURN(double heads, num("llama.attention.head_count", 0, true));
-  KV_ASSIGN_OR_RETURN(double heads_kv, num("llama.attention.head_count_kv", heads, false));
-  KV_ASSIGN_OR_RETURN(double eps, num("llama.attention.layer_norm_rms_epsilon", 1e-5, false));
-  KV_ASSIGN_OR_RETURN(double theta, num("llama.rope.freq_base", 10000, false));
-  KV_ASSIGN_OR_RETURN(double align, num("general.alignment", 32, false));
+  KV_ASSIGN_OR_RETURN(double ctx, num("llama.context_length", 0, true, 1, kMaxSize));
+  KV_ASSIGN_OR_RETURN(double dim, num("llama.embedding_length", 0, true, 1, kMaxSize));
+  KV_ASSIGN_OR_RETURN(double layers, num("llama.block_count", 0, true, 1, 4096));
+  KV_ASSIGN_OR_RETURN(double ff, num("llama.feed_forward_length", 0, true, 1, kMaxSize));
+  KV_ASSIGN_OR_RETURN(double heads, num("llama.attention.head_count", 0, true, 1, 4096));
+  KV_ASSIGN_OR_RETURN(double heads_kv, num("llama.attention.head_count_kv", heads, false, 1, 4096));
+  KV_ASSIGN_OR_RETURN(double eps, num("llama.attention.layer_norm_rms_epsilon", 1e-5, false, 1e-12, 0.1));
+  KV_ASSIGN_OR_RETURN(double theta, num("llama.rope.freq_base", 10000, false, 1, 1e9));
+  KV_ASSIGN_OR_RETURN(double align, num("general.alignment", 32, false, 1, 1 << 20));
   c.seq_len = uint32_t(ctx), c.dim = uint32_t(dim), c.n_layer = uint32_t(layers), c.hidden_dim = uint32_t(ff);
   c.n_head = uint32_t(heads), c.n_head_kv = uint32_t(heads_kv), c.norm_eps = float(eps), c.rope_theta = float(theta);
   auto toks = kv.find("tokenizer.ggml.tokens");
@@ -174,10 +185,16 @@ Result<LlamaModel> LoadGgufModel(const std::string& path) {
   }
   c.shared_classifier = tensors.find("output.weight") == tensors.end();
   KV_RETURN_IF_ERROR(c.Validate().WithContext("'" + path + "'"));
-  const uint64_t a = align >= 1 ? uint64_t(align) : 32;
+  const uint64_t a = uint64_t(align);
   const uint64_t data_start = (r.pos() + a - 1) / a * a;
-
-  m.weights.storage.resize(LlamaWeights::FloatCount(c));
+  // Weights are at least 2 bytes each (F16): a file smaller than that cannot hold them, so the
+  // metadata lies, and nothing is allocated for it.
+  const uint64_t n_weights = LlamaWeights::FloatCount(c);
+  if (data_start > data.size() || n_weights > (data.size() - data_start) / 2) {
+    return Status::Corrupt("GGUF '" + path + "' metadata describes " + std::to_string(n_weights) +
+                           " weights, more than its " + std::to_string(data.size()) + " bytes can hold");
+  }
+  m.weights.storage.resize(n_weights);
   float* out = m.weights.storage.data();
   auto copy = [&](const std::string& name, std::vector<uint64_t> want) -> Status {
     auto it = tensors.find(name);
@@ -190,7 +207,8 @@ Result<LlamaModel> LoadGgufModel(const std::string& path) {
       return Status::Unsupported("GGUF tensor " + name + " has type " + std::to_string(t.type) + " (F32 and F16 only)");
     }
     const uint64_t bytes = n * (t.type == 0 ? 4 : 2);
-    if (data_start + t.offset > data.size() || data.size() - data_start - t.offset < bytes) {
+    // Compared without adding to the offset, which a hostile file sets near 2^64.
+    if (t.offset > data.size() - data_start || data.size() - data_start - t.offset < bytes) {
       return Status::Corrupt("GGUF tensor " + name + " lies beyond the end of '" + path + "'");
     }
     ConvertToF32(t.type == 0 ? DType::kF32 : DType::kF16, data.data() + data_start + t.offset, out, n);

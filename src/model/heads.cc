@@ -73,7 +73,7 @@ std::string MixHqSpecFromScores(const std::vector<HeadScore>& scores, uint32_t n
                                 const std::string& mixhq_params, const std::string& coder) {
   std::vector<const HeadScore*> order;
   for (const auto& s : scores) order.push_back(&s);
-  std::stable_sort(order.begin(), order.end(), [](const HeadScore* a, const HeadScore* b) { return a->retrieval > b->retrieval; });
+  std::stable_sort(order.begin(), order.end(), [](const HeadScore* a, const HeadScore* b) { return a->score > b->score; });
   const size_t n_fine = size_t(std::lround((1.0 - lo_frac) * double(scores.size())));
   std::vector<uint32_t> ids;
   for (size_t i = 0; i < n_fine && i < order.size(); ++i) ids.push_back(order[i]->layer * n_head_kv + order[i]->head);

@@ -7,7 +7,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
+#include "kvserve/codec.h"
 #include "kvserve/file.h"
+#include "profile/json_text.h"
 #include "kvserve/profile.h"
 #include "profile/search.h"
 
@@ -35,10 +39,33 @@ Status Get(std::string_view origin, const json& obj, const std::string& where, c
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!v.is_number()) return FieldError(origin, where + key, "want a number; got " + v.dump());
     *out = v.get<double>();
+    if (!std::isfinite(*out)) return FieldError(origin, where + key, "want a finite number; got " + v.dump());
   } else {
     if (!v.is_number_integer() || v.get<int64_t>() < 0) return FieldError(origin, where + key, "want a non-negative integer; got " + v.dump());
     *out = T(v.get<uint64_t>());
   }
+  return Status::Ok();
+}
+
+// Relative accuracy can exceed 1 by noise (compressed KV scoring slightly better than exact);
+// far above is a broken file, not a measurement.
+constexpr double kMaxQuality = 1.05;
+
+// The spec must parse: a profile naming an unknown stage would be recommended to the controller.
+Status CheckSpec(std::string_view origin, const std::string& field, const std::string& spec) {
+  Result<std::string> c = CanonicalStrategy(spec);
+  if (!c.ok()) return FieldError(origin, field, "'" + spec + "' is not a strategy: " + c.status().message());
+  return Status::Ok();
+}
+
+// quality: [0, kMaxQuality]; ratio >= 1 (1 = no compression); speeds > 0. Names the bad field.
+Status CheckObjectives(std::string_view origin, const std::string& w, double quality, double ratio, double enc, double dec) {
+  if (!(quality >= 0 && quality <= kMaxQuality))
+    return FieldError(origin, w + "quality", "want a relative accuracy in [0, " + std::to_string(kMaxQuality) + "]; got " +
+                                                 std::to_string(quality));
+  if (!(ratio >= 1.0)) return FieldError(origin, w + "ratio", "want a compression ratio >= 1; got " + std::to_string(ratio));
+  if (!(enc > 0)) return FieldError(origin, w + "encode_gbps", "want a speed > 0; got " + std::to_string(enc));
+  if (!(dec > 0)) return FieldError(origin, w + "decode_gbps", "want a speed > 0; got " + std::to_string(dec));
   return Status::Ok();
 }
 
@@ -126,16 +153,25 @@ std::string ProfileToJson(const Profile& p) {
     j["candidates"].push_back({{"spec", c.spec}, {"ratio", c.ratio}, {"encode_gbps", c.encode_gbps},
                                {"decode_gbps", c.decode_gbps}, {"quality_group", c.quality_group}});
   j["log"] = json::array();
-  for (const BoObservation& o : p.log)
-    j["log"].push_back({{"candidate", o.candidate}, {"spec", o.candidate < p.candidates.size() ? p.candidates[o.candidate].spec : ""},
-                        {"quality", o.quality}, {"quality_se", o.quality_se}, {"kl", o.kl},
-                        {"acquisition", o.acquisition}, {"seconds", o.seconds}});
+  uint32_t shared = 0;
+  for (const BoObservation& o : p.log) {
+    json e = {{"candidate", o.candidate}, {"spec", o.candidate < p.candidates.size() ? p.candidates[o.candidate].spec : ""},
+              {"quality", o.quality}, {"quality_se", o.quality_se}, {"kl", o.kl},
+              {"acquisition", o.acquisition}, {"seconds", o.seconds}};
+    if (o.shared_from >= 0) e["shared_from"] = o.shared_from, ++shared;
+    j["log"].push_back(std::move(e));
+  }
+  if (p.mode == "grid") {
+    j["grid_note"] = "one evaluation per quality group (strategies differing only in lossless stages decode to the "
+                     "same KV): " + std::to_string(p.log.size() - shared) + " of " + std::to_string(p.log.size()) +
+                     " log entries were evaluated; an entry with shared_from copies that entry's result";
+  }
   return j.dump(1) + "\n";
 }
 
 Result<Profile> ProfileFromJson(std::string_view text, std::string_view origin, std::string_view expect_sha256) {
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return FieldError(origin, "file", "not a JSON object");
+  KV_ASSIGN_OR_RETURN(json j, ParseJsonText(text, origin));
+  if (!j.is_object()) return FieldError(origin, "file", "want a JSON object; got " + std::string(j.type_name()));
   Profile p;
   int64_t version = 0;
   KV_RETURN_IF_ERROR(Get(origin, j, "", "version", &version));
@@ -154,6 +190,8 @@ Result<Profile> ProfileFromJson(std::string_view text, std::string_view origin, 
   KV_RETURN_IF_ERROR(Get(origin, j, "", "seed", &p.seed, false));
   KV_RETURN_IF_ERROR(Get(origin, j, "", "floor", &p.floor, false));
   KV_RETURN_IF_ERROR(Get(origin, j, "", "hypervolume", &p.hypervolume, false));
+  if (!(p.floor > 0 && p.floor <= kMaxQuality))
+    return FieldError(origin, "floor", "want a quality floor in (0, " + std::to_string(kMaxQuality) + "]; got " + std::to_string(p.floor));
   if (j.contains("space") && !j["space"].is_null()) p.space_json = j["space"].dump();
   p.reference = ReferencePoint(p.floor);
   if (!j.contains("pareto") || !j["pareto"].is_array()) return FieldError(origin, "pareto", "missing or not a list");
@@ -168,8 +206,9 @@ Result<Profile> ProfileFromJson(std::string_view text, std::string_view origin, 
     KV_RETURN_IF_ERROR(Get(origin, e, w, "decode_gbps", &pe.decode_gbps));
     KV_RETURN_IF_ERROR(Get(origin, e, w, "quality_se", &pe.quality_se, false));
     KV_RETURN_IF_ERROR(Get(origin, e, w, "kl", &pe.kl, false));
-    if (!(pe.ratio >= 1.0) || !(pe.encode_gbps > 0) || !(pe.decode_gbps > 0) || !(pe.quality >= 0))
-      return FieldError(origin, w + "ratio", "ratio must be >= 1 and speeds > 0 (got ratio " + std::to_string(pe.ratio) + ")");
+    KV_RETURN_IF_ERROR(CheckSpec(origin, w + "spec", pe.spec));
+    KV_RETURN_IF_ERROR(CheckObjectives(origin, w, pe.quality, pe.ratio, pe.encode_gbps, pe.decode_gbps));
+    if (!(pe.quality_se >= 0)) return FieldError(origin, w + "quality_se", "want >= 0; got " + std::to_string(pe.quality_se));
     pe.bucket = QualityBucket(pe.quality);
     p.pareto.push_back(std::move(pe));
   }
@@ -182,6 +221,8 @@ Result<Profile> ProfileFromJson(std::string_view text, std::string_view origin, 
       KV_RETURN_IF_ERROR(Get(origin, e, w, "ratio", &c.ratio));
       KV_RETURN_IF_ERROR(Get(origin, e, w, "encode_gbps", &c.encode_gbps));
       KV_RETURN_IF_ERROR(Get(origin, e, w, "decode_gbps", &c.decode_gbps));
+      KV_RETURN_IF_ERROR(CheckSpec(origin, w + "spec", c.spec));
+      KV_RETURN_IF_ERROR(CheckObjectives(origin, w, 0, c.ratio, c.encode_gbps, c.decode_gbps));
       if (e.contains("quality_group") && e["quality_group"].is_number_integer()) c.quality_group = e["quality_group"].get<int64_t>();
       p.candidates.push_back(std::move(c));
     }
@@ -200,6 +241,15 @@ Result<Profile> ProfileFromJson(std::string_view text, std::string_view origin, 
       KV_RETURN_IF_ERROR(Get(origin, e, w, "kl", &o.kl, false));
       KV_RETURN_IF_ERROR(Get(origin, e, w, "acquisition", &o.acquisition, false));
       KV_RETURN_IF_ERROR(Get(origin, e, w, "seconds", &o.seconds, false));
+      if (!(o.quality >= 0 && o.quality <= kMaxQuality))
+        return FieldError(origin, w + "quality", "want a relative accuracy in [0, " + std::to_string(kMaxQuality) + "]; got " +
+                                                     std::to_string(o.quality));
+      if (e.contains("shared_from")) {
+        uint64_t from = 0;
+        KV_RETURN_IF_ERROR(Get(origin, e, w, "shared_from", &from));
+        if (from >= i) return FieldError(origin, w + "shared_from", "want an earlier log entry; got " + std::to_string(from));
+        o.shared_from = int64_t(from);
+      }
       p.log.push_back(o);
     }
   }

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <map>
 
 #include "kvserve/codec.h"
 #include "kvserve/codec_bench.h"
@@ -125,8 +126,22 @@ Result<Profile> RunProfile(Evaluator& ev, const SearchSpace& space, const Profil
     std::vector<BoObservation> log = p.log;
     for (size_t i = 0; i < log.size(); ++i)
       if (log[i].candidate != i) return Status::InvalidArgument("grid log entry " + std::to_string(i) + " is out of order");
+    // One evaluation per quality group: later members copy the first member's entry.
+    std::map<int64_t, uint32_t> evaluated;  // quality group -> log entry
+    for (uint32_t i = 0; i < log.size(); ++i)
+      if (p.candidates[i].quality_group >= 0 && log[i].shared_from < 0) evaluated.emplace(p.candidates[i].quality_group, i);
     for (uint32_t i = uint32_t(log.size()); i < p.candidates.size(); ++i) {
+      const int64_t g = p.candidates[i].quality_group;
+      if (auto it = evaluated.find(g); g >= 0 && it != evaluated.end()) {
+        BoObservation o = log[it->second];
+        o.candidate = i;
+        o.seconds = 0;
+        o.shared_from = it->second;
+        log.push_back(o);
+        continue;  // nothing new to checkpoint
+      }
       KV_ASSIGN_OR_RETURN(BoObservation o, oracle(i));
+      if (g >= 0) evaluated.emplace(g, i);
       log.push_back(o);
       KV_RETURN_IF_ERROR(checkpoint(log));
     }

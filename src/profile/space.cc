@@ -8,6 +8,7 @@
 
 #include "kvserve/codec.h"
 #include "kvserve/file.h"
+#include "profile/json_text.h"
 #include "kvserve/profile.h"
 
 namespace kvserve {
@@ -154,8 +155,7 @@ double Scaled(ParamSpec::Scale scale, double x) {
 }  // namespace
 
 Result<SearchSpace> SearchSpace::Parse(std::string_view text, std::string_view origin) {
-  Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return SpaceError(origin, "file", "not valid JSON");
+  KV_ASSIGN_OR_RETURN(Json doc, ParseJsonText(text, origin));
   if (!doc.is_object()) return SpaceError(origin, "file", "want a JSON object");
   if (!doc.contains("version") || !doc["version"].is_number_integer() || doc["version"].get<int64_t>() != 1)
     return SpaceError(origin, "version", "want 1; got " + (doc.contains("version") ? doc["version"].dump() : "none"));

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "simd_test_util.h"
 #include "codec/quant_kernels.h"
 #include "codec/frame_test_util.h"
 #include "kvserve/codec.h"
@@ -33,6 +34,8 @@ TEST(QuantPack, MatchesReferenceAndRoundTripsForEveryWidth) {
 }
 
 TEST(QuantKernels, FastPathsEqualPlainOnes) {
+  // The fast kernels differ from the plain ones without AVX-512 too (fused, reordered loops).
+  testing::ReportSimdPath("quant kernels", quant::HaveAvx512Kernels(), "AVX-512/F16C", "portable loops");
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0, 3);
   for (size_t D : {8u, 16u, 128u}) {

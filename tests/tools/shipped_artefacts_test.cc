@@ -1,0 +1,176 @@
+// Every shipped artefact — search spaces, profiles and grids, traces, workloads, result tables,
+// controller results, fuzz seeds — loads with the current build and agrees with the current
+// registry and spaces. A stale file fails here with the command that regenerates it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "control/simulator.h"
+#include "kvserve/codec.h"
+#include "kvserve/file.h"
+#include "kvserve/frame.h"
+#include "kvserve/profile.h"
+#include "test_paths.h"
+
+namespace kvserve {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// How each artefact is made; printed with every failure.
+std::string Regenerate(const std::string& rel) {
+  static const std::vector<std::pair<std::string, std::string>> kCommands = {
+      {"docs/results/grid.json",
+       "build/kvserve profile grid -m babyllama105 --space bench/spaces/grid.json --threads 2 --speed-runs 3 -o docs/results/grid.json"},
+      {"docs/results/profile_compare.json",
+       "build/kvserve profile compare --grid docs/results/grid.json --seeds 10 --json --svg docs/results/profile_hv.svg > docs/results/profile_compare.json"},
+      {"bench/profiles/default.json", "rm bench/profiles/default.json; build/kvserve profile run -m babyllama105 --threads 2 -o bench/profiles/default.json"},
+      {"docs/results/control/", "bash scripts/control_results.sh"},
+      {"docs/results/table_", "build/kvserve eval -m MODEL --table --markdown docs/results/table_MODEL.md --svg docs/results/table_MODEL.svg --json > docs/results/table_MODEL.json"},
+      {"docs/results/codec_bench.json", "build/kvserve codec bench --runs 7 --json > docs/results/codec_bench.json"},
+      {"fuzz/seeds/frame/", "bash scripts/gen_fuzz_seeds.sh"},
+      {"bench/traces/", "python3 scripts/gen_control_inputs.py"},
+      {"bench/workloads/", "python3 scripts/gen_control_inputs.py"},
+  };
+  for (const auto& [prefix, cmd] : kCommands)
+    if (rel.rfind(prefix, 0) == 0) return "stale " + rel + "; regenerate with: " + cmd;
+  return "stale " + rel;
+}
+
+std::vector<std::string> Files(const std::string& rel_dir, const std::string& ext) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(SourceDir() + "/" + rel_dir))
+    if (e.path().extension() == ext) out.push_back(rel_dir + "/" + e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+json ReadJson(const std::string& rel) {
+  ByteBuffer b = ReadFile(SourceDir() + "/" + rel).value();
+  return json::parse(std::string(b.begin(), b.end()));
+}
+
+// The spec as the current parser writes it, or the parse error.
+std::string Canonical(const std::string& spec) {
+  Result<std::string> c = CanonicalStrategy(spec);
+  return c.ok() ? c.value() : "(does not parse: " + c.status().message() + ")";
+}
+
+// Checks a profile against the space it records: same candidates, in order, same quality groups,
+// and every spec in canonical form.
+void CheckProfile(const std::string& rel) {
+  SCOPED_TRACE(Regenerate(rel));
+  Result<Profile> p = LoadProfile(SourceDir() + "/" + rel);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_FALSE(p->space_json.empty()) << "profile records no space";
+  Result<SearchSpace> space = SearchSpace::Parse(p->space_json, rel + ": space");
+  ASSERT_TRUE(space.ok()) << space.status().ToString();
+  const auto& want = space->candidates();
+  ASSERT_EQ(p->candidates.size(), want.size()) << "the space now expands to another number of strategies";
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(p->candidates[i].spec, want[i].spec) << "candidate " << i;
+    ASSERT_EQ(p->candidates[i].quality_group, int64_t(want[i].quality_group)) << "candidate " << i;
+  }
+  for (const ProfileEntry& e : p->pareto) EXPECT_EQ(e.spec, Canonical(e.spec)) << "pareto entry";
+  // The frontier it records is the one its log gives with today's code.
+  Profile again = p.value();
+  ComputeProfileFrontier(&again);
+  EXPECT_NEAR(again.hypervolume, p->hypervolume, 1e-9 * std::max(1.0, p->hypervolume));
+  ASSERT_EQ(again.pareto.size(), p->pareto.size());
+  if (p->mode == "grid") {
+    ASSERT_EQ(p->log.size(), p->candidates.size()) << "a grid evaluates every candidate";
+    for (size_t i = 0; i < p->log.size(); ++i) ASSERT_EQ(p->log[i].candidate, i) << "grid log out of order";
+  }
+}
+
+TEST(ShippedArtefacts, SpacesExpandWithTheCurrentRegistry) {
+  for (const std::string& rel : Files("bench/spaces", ".json")) {
+    Result<SearchSpace> s = SearchSpace::Load(SourceDir() + "/" + rel);
+    EXPECT_TRUE(s.ok()) << rel << ": " << s.status().ToString();
+  }
+}
+
+TEST(ShippedArtefacts, ProfilesAndGridMatchTheirSpaces) {
+  for (const std::string& rel : Files("bench/profiles", ".json")) CheckProfile(rel);
+  CheckProfile("docs/results/grid.json");
+}
+
+TEST(ShippedArtefacts, GridComparisonWasMadeFromTheShippedGrid) {
+  const std::string rel = "docs/results/profile_compare.json";
+  SCOPED_TRACE(Regenerate(rel));
+  const json c = ReadJson(rel);
+  Profile grid = LoadProfile(SourceDir() + "/docs/results/grid.json").value();
+  EXPECT_EQ(c["grid_evals"].get<size_t>(), grid.log.size());
+  EXPECT_NEAR(c["grid_hypervolume"].get<double>(), grid.hypervolume, 1e-9);
+  EXPECT_EQ(c["grid_frontier"].get<size_t>(), grid.pareto.size());
+}
+
+TEST(ShippedArtefacts, TracesAndWorkloadsLoad) {
+  for (const std::string& rel : Files("bench/traces", ".csv")) {
+    auto t = LoadTrace(SourceDir() + "/" + rel);
+    EXPECT_TRUE(t.ok()) << Regenerate(rel) << ": " << t.status().ToString();
+  }
+  for (const std::string& rel : Files("bench/workloads", ".csv")) {
+    auto w = LoadWorkload(SourceDir() + "/" + rel);
+    EXPECT_TRUE(w.ok()) << Regenerate(rel) << ": " << w.status().ToString();
+  }
+}
+
+TEST(ShippedArtefacts, ControllerResultsUseTheShippedProfile) {
+  Profile p = LoadProfile(SourceDir() + "/bench/profiles/default.json").value();
+  std::set<std::string> known = {"none"};
+  for (const ProfileEntry& e : p.pareto) known.insert(Canonical(e.spec));
+  for (const std::string& rel : Files("docs/results/control", ".json")) {
+    SCOPED_TRACE(Regenerate(rel));
+    const json r = ReadJson(rel);
+    for (const json& pol : r["policies"]) {
+      const std::string name = pol["policy"];
+      if (name.rfind("static:", 0) == 0) {
+        const std::string spec = name.substr(7);
+        EXPECT_EQ(spec, Canonical(spec));
+        EXPECT_TRUE(known.count(spec)) << "static policy " << spec << " is not in the shipped profile";
+      }
+      for (const auto& [choice, count] : pol["choices"].items())
+        EXPECT_TRUE(known.count(Canonical(choice))) << "choice " << choice << " is not in the shipped profile";
+    }
+  }
+}
+
+TEST(ShippedArtefacts, ResultTablesNameCanonicalStrategies) {
+  std::vector<std::string> tables = Files("docs/results", ".json");
+  for (const std::string& rel : tables) {
+    if (rel.find("/table_") == std::string::npos) continue;
+    SCOPED_TRACE(Regenerate(rel));
+    const json t = ReadJson(rel);
+    ASSERT_TRUE(t.contains("rows"));
+    for (const json& row : t["rows"]) EXPECT_EQ(row["spec"].get<std::string>(), Canonical(row["spec"]));
+  }
+  const std::string rel = "docs/results/codec_bench.json";
+  SCOPED_TRACE(Regenerate(rel));
+  const json b = ReadJson(rel);
+  for (const json& s : b["strategies"]) EXPECT_EQ(s["spec"].get<std::string>(), Canonical(s["spec"]));
+}
+
+TEST(ShippedArtefacts, FuzzSeedFramesAreCurrentFrames) {
+  for (const std::string& rel : Files("fuzz/seeds/frame", ".kvf")) {
+    SCOPED_TRACE(Regenerate(rel));
+    ByteBuffer b = ReadFile(SourceDir() + "/" + rel).value();
+    Result<FrameView> v = ParseFrame(b);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    // regression_* seeds are inputs that once crashed a parser: they need only be current frames.
+    if (rel.find("/regression_") != std::string::npos) continue;
+    EXPECT_EQ(v->header.spec, Canonical(v->header.spec));
+    KvBlock out;
+    Status st = DecodeKv(b, &out);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace kvserve
