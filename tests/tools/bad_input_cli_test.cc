@@ -30,16 +30,8 @@ class BadInput : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string P(const std::string& f) const { return dir_ + "/" + f; }
-  // The CLI under a 60 s bound: a hang fails the test instead of the suite.
-  static CliRun Run(const std::string& args, const std::string& env = "") {
-    const std::string cmd = env + (env.empty() ? "" : " ") + "timeout -s KILL 60 " + KVSERVE_CLI + " " + args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    const int status = pclose(p);
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  static CliRun Run(const std::string& args, const std::string& prefix = "") {
+    return kvserve::testing::Cli(args, prefix, 60);
   }
   // A failure as the CLI reports one: exit 1 (2 for a bad flag), one line naming the problem.
   static void ExpectOneLineError(const CliRun& r, const std::string& want, int code = 1) {

@@ -13,8 +13,11 @@ struct CliRun {
   std::string out;  // stdout and stderr together
 };
 
-inline CliRun Cli(const std::string& args) {
-  const std::string cmd = std::string(KVSERVE_CLI) + " " + args + " 2>&1";
+// `prefix` runs first in the same shell (environment variables, `ulimit`); every run is bounded
+// by `timeout_s`, so a hang fails its test instead of the suite.
+inline CliRun Cli(const std::string& args, const std::string& prefix = "", int timeout_s = 600) {
+  const std::string cmd = prefix + (prefix.empty() ? "" : " ") + "timeout -s KILL " + std::to_string(timeout_s) + " " +
+                          std::string(KVSERVE_CLI) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
