@@ -158,9 +158,9 @@ class LayerAssembler {
   Status Add(std::span<const uint8_t> frame, const CodecOptions& opts = {});
   bool complete() const { return layers_done_ == dest_->shape().n_layer; }
   uint32_t layers_done() const { return layers_done_; }
-  // Token positions of the decoded KV (empty: contiguous from token_offset()).
-  const std::vector<uint32_t>& positions() const { return positions_; }
-  uint32_t token_offset() const { return token_offset_; }
+  // Token positions of the decoded KV (empty: contiguous from token_offset()), as set on dest.
+  const std::vector<uint32_t>& positions() const { return dest_->positions(); }
+  uint32_t token_offset() const { return dest_->token_offset(); }
 
  private:
   uint64_t request_id_;
@@ -169,8 +169,6 @@ class LayerAssembler {
   std::vector<bool> have_;
   uint32_t layers_done_ = 0;
   bool first_ = true;
-  uint32_t token_offset_ = 0;
-  std::vector<uint32_t> positions_;
   std::vector<std::pair<std::string, Pipeline>> pipelines_;
 };
 

@@ -311,7 +311,7 @@ Status LayerAssembler::Add(std::span<const uint8_t> frame, const CodecOptions& o
   for (uint32_t l = h.layer_begin; l < h.layer_begin + h.shape.n_layer; ++l) {
     if (have_[l]) return Status::InvalidArgument("layer " + std::to_string(l) + " of request " + std::to_string(request_id_) + " arrived twice");
   }
-  if (!first_ && (h.token_offset != token_offset_ || h.positions != positions_)) {
+  if (!first_ && (h.token_offset != dest_->token_offset() || h.positions != dest_->positions())) {
     return Status::InvalidArgument("frame of layers from " + std::to_string(h.layer_begin) +
                                    " covers other tokens than the request's earlier frames");
   }
@@ -328,8 +328,6 @@ Status LayerAssembler::Add(std::span<const uint8_t> frame, const CodecOptions& o
   KV_RETURN_IF_ERROR(p->DecodeView(v, &layers, opts).WithContext("layers from " + std::to_string(h.layer_begin)));
   if (first_) {
     first_ = false;
-    token_offset_ = h.token_offset;
-    positions_ = h.positions;
     dest_->set_token_offset(h.token_offset);
     dest_->set_positions(h.positions);
   }

@@ -58,11 +58,16 @@ Status CheckSpec(std::string_view origin, const std::string& field, const std::s
   return Status::Ok();
 }
 
+Status CheckQuality(std::string_view origin, const std::string& field, double quality) {
+  if (!(quality >= 0 && quality <= kMaxQuality))
+    return FieldError(origin, field, "want a relative accuracy in [0, " + std::to_string(kMaxQuality) + "]; got " +
+                                         std::to_string(quality));
+  return Status::Ok();
+}
+
 // quality: [0, kMaxQuality]; ratio >= 1 (1 = no compression); speeds > 0. Names the bad field.
 Status CheckObjectives(std::string_view origin, const std::string& w, double quality, double ratio, double enc, double dec) {
-  if (!(quality >= 0 && quality <= kMaxQuality))
-    return FieldError(origin, w + "quality", "want a relative accuracy in [0, " + std::to_string(kMaxQuality) + "]; got " +
-                                                 std::to_string(quality));
+  KV_RETURN_IF_ERROR(CheckQuality(origin, w + "quality", quality));
   if (!(ratio >= 1.0)) return FieldError(origin, w + "ratio", "want a compression ratio >= 1; got " + std::to_string(ratio));
   if (!(enc > 0)) return FieldError(origin, w + "encode_gbps", "want a speed > 0; got " + std::to_string(enc));
   if (!(dec > 0)) return FieldError(origin, w + "decode_gbps", "want a speed > 0; got " + std::to_string(dec));
@@ -241,9 +246,7 @@ Result<Profile> ProfileFromJson(std::string_view text, std::string_view origin, 
       KV_RETURN_IF_ERROR(Get(origin, e, w, "kl", &o.kl, false));
       KV_RETURN_IF_ERROR(Get(origin, e, w, "acquisition", &o.acquisition, false));
       KV_RETURN_IF_ERROR(Get(origin, e, w, "seconds", &o.seconds, false));
-      if (!(o.quality >= 0 && o.quality <= kMaxQuality))
-        return FieldError(origin, w + "quality", "want a relative accuracy in [0, " + std::to_string(kMaxQuality) + "]; got " +
-                                                     std::to_string(o.quality));
+      KV_RETURN_IF_ERROR(CheckQuality(origin, w + "quality", o.quality));
       if (e.contains("shared_from")) {
         uint64_t from = 0;
         KV_RETURN_IF_ERROR(Get(origin, e, w, "shared_from", &from));
