@@ -35,6 +35,9 @@ ThreadPool* Pool(int threads);
 // A flag's number must lie in [lo, hi]; NaN, infinities and text are refused by name, so a
 // nonsense value never reaches a computation whose result would be printed.
 CLI::Validator InRange(double lo, double hi);
+// An output file: its folder must exist and be writable and the path must not be a folder,
+// checked when the flags are read — before minutes of measuring, not after.
+CLI::Validator OutputPath();
 
 double NowSeconds();
 double Median(std::vector<double> v);

@@ -66,7 +66,7 @@ void AddCodecCommands(CLI::App& app) {
     c->add_option("--tokens", *tokens, "number of tokens")->capture_default_str()->check(InRange(1, 1 << 24));
     c->add_option("--seed", *seed, "random seed")->capture_default_str();
     c->add_option("--dtype", *dtype, "f16 | bf16 | f32")->capture_default_str();
-    c->add_option("-o,--output", *out, "output .kvf file")->required();
+    c->add_option("-o,--output", *out, "output .kvf file")->required()->check(OutputPath());
     SetAction(c, [=]() -> Status {
       KV_ASSIGN_OR_RETURN(KvShape s, ShapePreset(*shape, *tokens));
       SynthOptions o;
@@ -91,7 +91,7 @@ void AddCodecCommands(CLI::App& app) {
     auto threads = std::make_shared<int>(1);
     c->add_option("-s,--strategy", *spec, "strategy spec, e.g. 'quant(kbits=2,vbits=2)|zstd(level=3)'")->required();
     c->add_option("-i,--input", *in, "input frame (.kvf)")->required();
-    c->add_option("-o,--output", *out, "output frame")->required();
+    c->add_option("-o,--output", *out, "output frame")->required()->check(OutputPath());
     c->add_option("--threads", *threads, "worker threads")->capture_default_str()->check(InRange(1, 256));
     SetAction(c, [=]() -> Status {
       KV_ASSIGN_OR_RETURN(Pipeline p, Pipeline::Create(*spec, Codec()));
@@ -113,7 +113,7 @@ void AddCodecCommands(CLI::App& app) {
     auto in = std::make_shared<std::string>();
     auto out = std::make_shared<std::string>();
     c->add_option("-i,--input", *in, "input frame")->required();
-    c->add_option("-o,--output", *out, "output .kvf")->required();
+    c->add_option("-o,--output", *out, "output .kvf")->required()->check(OutputPath());
     SetAction(c, [=]() -> Status {
       KV_ASSIGN_OR_RETURN(KvBlock b, ReadAnyFrame(*in));
       KV_RETURN_IF_ERROR(WriteKvFile(*out, b));

@@ -66,7 +66,7 @@ Result<std::vector<double>> MeasureSlabSensitivities(Evaluator& ev) {
 
 // MixHQ rankings against uniform precision at equal average bits (docs/results/mixhq.md).
 Status RunMixHqStudy(const ModelFlags& mf, const EvalFlags& ef, double lo_frac, bool as_json) {
-  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer, ModelsDir()));
+  KV_ASSIGN_OR_RETURN(LlamaModel m, mf.Load());
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, ef));
   const uint32_t hk = m.config.n_head_kv;
   struct Row {
@@ -194,7 +194,7 @@ std::string TileLevels(const std::string& spec, uint64_t n_slab) {
 
 Status RunTable(const ModelFlags& mf, const EvalFlags& ef, bool as_json, const std::string& md_path,
                 const std::string& svg_path, uint32_t bench_tokens) {
-  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf.model, mf.tokenizer, ModelsDir()));
+  KV_ASSIGN_OR_RETURN(LlamaModel m, mf.Load());
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, ef));
   KV_ASSIGN_OR_RETURN(uint64_t basis, CalibrateLowRank(m, CalibDir(), CacheDir()));
   std::vector<NamedStrategy> list = StrategyTable(m.config, ev->prompt_len(), basis);
@@ -273,7 +273,7 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("--seed", *seed, "sampling seed")->capture_default_str();
     c->add_flag("--ids", *ids_out, "print token ids instead of text");
     SetAction(c, [=]() -> Status {
-      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
+      KV_ASSIGN_OR_RETURN(LlamaModel m, mf->Load());
       std::vector<int> in;
       if (!tokens->empty()) {
         KV_ASSIGN_OR_RETURN(in, ParseIds(*tokens));
@@ -311,10 +311,10 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("--seed", ef->seed, "evaluation-set seed (with --context)")->capture_default_str();
     c->add_option("--prompt-len", ef->prompt_len, "prompt tokens of the context (with --context)");
     c->add_option("--dtype", *dtype, "f16 | bf16 | f32")->capture_default_str();
-    c->add_option("-o,--output", *out, "output .kvf")->required();
+    c->add_option("-o,--output", *out, "output .kvf")->required()->check(OutputPath());
     SetAction(c, [=]() -> Status {
       if (prompt->empty() && *context < 0) return Status::InvalidArgument("give --prompt TEXT or --context K");
-      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
+      KV_ASSIGN_OR_RETURN(LlamaModel m, mf->Load());
       KV_ASSIGN_OR_RETURN(DType dt, ParseDType(*dtype));
       KvBlock kv;
       if (*context >= 0) {
@@ -355,8 +355,8 @@ void AddModelCommands(CLI::App& app) {
     auto* so = c->add_option("-s,--strategy", *specs, "strategy spec (repeatable)");
     c->add_flag("--table", *table, "run the named strategy table (published methods and recompositions), "
                                    "with codec speed on a synthetic llama3-8b block")->excludes(so);
-    c->add_option("--markdown", *md_out, "with --table: also write a Markdown table here");
-    c->add_option("--svg", *svg_out, "with --table: also write a quality-vs-ratio plot here");
+    c->add_option("--markdown", *md_out, "with --table: also write a Markdown table here")->check(OutputPath());
+    c->add_option("--svg", *svg_out, "with --table: also write a quality-vs-ratio plot here")->check(OutputPath());
     c->add_option("--bench-tokens", *bench_tokens, "with --table: tokens of the llama3-8b block for codec speed")
         ->capture_default_str()->check(InRange(1, 65536));
     auto mixhq_study = std::make_shared<bool>(false);
@@ -371,7 +371,7 @@ void AddModelCommands(CLI::App& app) {
       if (*mixhq_study) return RunMixHqStudy(*mf, *ef, *lo_frac, *as_json);
       if (specs->empty()) return Status::InvalidArgument("give --strategy SPEC (repeatable) or --table");
       for (const auto& s : *specs) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
-      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
+      KV_ASSIGN_OR_RETURN(LlamaModel m, mf->Load());
       KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, *ef));
       std::vector<EvalMetrics> rows;
       for (const auto& s : *specs) {
@@ -415,7 +415,7 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("--contexts", *contexts, "calibration contexts")->capture_default_str()->check(InRange(1, 4096));
     c->add_option("--seed", *seed, "calibration-set seed (keep it apart from the evaluation seed)")->capture_default_str();
     SetAction(c, [=]() -> Status {
-      KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
+      KV_ASSIGN_OR_RETURN(LlamaModel m, mf->Load());
       KV_ASSIGN_OR_RETURN(uint64_t id, CalibrateLowRank(m, CalibDir(), CacheDir(), *contexts, *seed));
       std::printf("lowrank basis %llu for %s saved in %s\nuse it as: lowrank(rank=%u,basis=%llu)|quant|rans\n",
                   static_cast<unsigned long long>(id), m.name.c_str(), CalibDir().c_str(), m.config.head_dim() / 2,
@@ -431,7 +431,7 @@ void AddModelCommands(CLI::App& app) {
       auto mf = std::make_shared<ModelFlags>();
       mf->Add(c);
       SetAction(c, [=]() -> Status {
-        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
+        KV_ASSIGN_OR_RETURN(LlamaModel m, mf->Load());
         const LlamaConfig& k = m.config;
         std::printf("%s  %s\nsha256 %s\ndim %u, hidden %u, layers %u, heads %u, kv heads %u, head_dim %u, vocab %u, context %u, "
                     "%s classifier\n",
@@ -449,7 +449,7 @@ void AddModelCommands(CLI::App& app) {
       c->add_option("--runs", *runs, "runs (median)")->capture_default_str()->check(InRange(1, 1000));
       c->add_flag("--json", *as_json, "machine-readable output");
       SetAction(c, [=]() -> Status {
-        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
+        KV_ASSIGN_OR_RETURN(LlamaModel m, mf->Load());
         LlamaEngine engine(m);
         KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(m.config));
         const uint32_t prompt = m.config.seq_len * 3 / 4, steps = m.config.seq_len - prompt;
@@ -491,7 +491,7 @@ void AddModelCommands(CLI::App& app) {
       c->add_option("--recent", ho->recent, "recent-window tokens before each query")->capture_default_str();
       c->add_flag("--json", *as_json, "machine-readable output");
       SetAction(c, [=]() -> Status {
-        KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(mf->model, mf->tokenizer, ModelsDir()));
+        KV_ASSIGN_OR_RETURN(LlamaModel m, mf->Load());
         KV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, MakeEvaluator(m, *ef));
         Progress p("head profile", ev->eval_set().contexts.size());
         KV_ASSIGN_OR_RETURN(std::vector<HeadScore> scores,

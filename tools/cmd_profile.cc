@@ -55,7 +55,7 @@ Status DoRun(const RunFlags& f, bool grid) {
   KV_ASSIGN_OR_RETURN(SearchMode mode, ParseSearchMode(f.mode));
   if (!(f.floor > 0 && f.floor <= 1.5)) return Status::InvalidArgument("--floor: " + std::to_string(f.floor) + " is not in (0, 1.5]");
   KV_ASSIGN_OR_RETURN(SearchSpace space, LoadSpace(f.space_path));
-  KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(f.model.model, f.model.tokenizer, ModelsDir()));
+  KV_ASSIGN_OR_RETURN(LlamaModel m, f.model.Load());
   KV_ASSIGN_OR_RETURN(auto ev, MakeEvaluator(m, f.eval));
   ProfileRunOptions o;
   o.grid = grid;
@@ -112,7 +112,7 @@ void AddRunFlags(CLI::App* c, RunFlags* f, bool grid) {
       ->capture_default_str()->check(InRange(1, 65536));
   c->add_option("--speed-runs", f->speed_runs, "runs per speed measurement (median)")->capture_default_str()->check(InRange(1, 1000));
   c->add_option("-o,--output", f->out, "profile file; written after every evaluation, resumed if it exists")
-      ->required(grid);
+      ->required(grid)->check(OutputPath());
   c->add_flag("--json", f->as_json, "print the profile as JSON");
 }
 
@@ -262,7 +262,7 @@ void AddProfileCommands(CLI::App& app) {
     auto* as_json = new bool(false);
     auto* c = prof->add_subcommand("show", "Print a profile file as a table");
     c->add_option("profile", *path, "profile file")->required();
-    c->add_option("--svg", *svg, "also write 2-D projections of the frontier (SVG)");
+    c->add_option("--svg", *svg, "also write 2-D projections of the frontier (SVG)")->check(OutputPath());
     c->add_flag("--json", *as_json, "print the pareto strategies as JSON");
     SetAction(c, [=]() -> Status {
       KV_ASSIGN_OR_RETURN(Profile p, LoadProfile(*path));
@@ -295,7 +295,7 @@ void AddProfileCommands(CLI::App& app) {
     c->add_option("--seeds", *seeds, "seeds per method")->capture_default_str()->check(InRange(1, 1000));
     c->add_option("--methods", *methods, "comma-separated: ehvi, constrained, random")->capture_default_str();
     c->add_option("--init", *n_init, "cold-start evaluations of the BO methods (0: 2 for ehvi, 5 for constrained)")->capture_default_str();
-    c->add_option("--svg", *svg, "also write hypervolume vs evaluations (SVG)");
+    c->add_option("--svg", *svg, "also write hypervolume vs evaluations (SVG)")->check(OutputPath());
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {
       KV_ASSIGN_OR_RETURN(Profile grid, LoadProfile(*path));

@@ -2,8 +2,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <new>
@@ -82,6 +85,25 @@ ThreadPool* Pool(int threads) {
   auto& p = pools[threads];
   if (!p) p = std::make_unique<ThreadPool>(threads);
   return p.get();
+}
+
+CLI::Validator OutputPath() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        namespace fs = std::filesystem;
+        if (s.empty()) return "empty output path";
+        std::error_code ec;
+        if (fs::is_directory(s, ec)) return "'" + s + "' is a directory, not an output file";
+        const fs::path parent = fs::path(s).parent_path();
+        const std::string dir = parent.empty() ? "." : parent.string();
+        if (!fs::exists(dir, ec)) return "folder '" + dir + "' of output '" + s + "' does not exist";
+        if (!fs::is_directory(dir, ec)) return "'" + dir + "' (folder of output '" + s + "') is not a directory";
+        if (::access(dir.c_str(), W_OK) != 0) {
+          return "folder '" + dir + "' of output '" + s + "' is not writable: " + std::strerror(errno);
+        }
+        return "";
+      },
+      "PATH");
 }
 
 CLI::Validator InRange(double lo, double hi) {

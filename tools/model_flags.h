@@ -1,6 +1,7 @@
 // Flags shared by the CLI commands that load a model and build an evaluator.
 #pragma once
 
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -16,7 +17,14 @@ struct ModelFlags {
   void Add(CLI::App* c) {
     c->add_option("-m,--model", model, "shipped model name (stories260K, babyllama105) or a .bin/.gguf path")
         ->capture_default_str();
-    c->add_option("--tokenizer", tokenizer, "llama2.c tokenizer for a .bin model (default: tok<vocab>.bin beside it)");
+    c->add_option("--tokenizer", tokenizer,
+                  "llama2.c tokenizer (default: tok<vocab>.bin beside a .bin model, the embedded one of a GGUF)");
+  }
+  // Loads the model, telling the user on stderr what the loader assumed (LlamaModel::notes).
+  Result<LlamaModel> Load() const {
+    KV_ASSIGN_OR_RETURN(LlamaModel m, LoadModel(model, tokenizer, ModelsDir()));
+    for (const std::string& note : m.notes) std::fprintf(stderr, "kvserve: note: %s\n", note.c_str());
+    return m;
   }
 };
 

@@ -51,6 +51,7 @@ struct StageInfo {
   DataKind input = DataKind::kTensor;
   DataKind output = DataKind::kBytes;
   bool lossless = false;
+  bool selects_tokens = false;  // keeps a subset of the tokens (their positions go in the frame)
   std::vector<ParamSpec> params;
   const ParamSpec* FindParam(std::string_view key) const;
 };

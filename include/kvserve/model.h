@@ -76,15 +76,20 @@ struct LlamaModel {
   LlamaConfig config;
   LlamaWeights weights;
   Tokenizer tokenizer;
+  // What the loader assumed or replaced that the file did not say outright (a classifier tied
+  // to the embedding because the file has none, a tokenizer given instead of the embedded one):
+  // callers show these to the user.
+  std::vector<std::string> notes;
 };
 
 // Loads a model by path to a llama2.c .bin or a GGUF file, or by name (stories260K,
 // babyllama105: `<models_dir>/<name>.bin|.gguf`, when models_dir is given). `tokenizer_path`
-// overrides the tokenizer of a .bin file.
+// names a llama2.c tokenizer: for a .bin the one to use instead of tok<vocab>.bin beside it,
+// for a GGUF one that replaces the embedded vocabulary (its size must match).
 Result<LlamaModel> LoadModel(const std::string& name_or_path, const std::string& tokenizer_path = "",
                              const std::string& models_dir = "");
 Result<LlamaModel> LoadLlama2cModel(const std::string& path, const std::string& tokenizer_path);
-Result<LlamaModel> LoadGgufModel(const std::string& path);
+Result<LlamaModel> LoadGgufModel(const std::string& path, const std::string& tokenizer_path = "");
 // The GGUF loader on bytes in memory; `origin` names them in errors.
 Result<LlamaModel> ParseGgufModel(std::span<const uint8_t> data, const std::string& origin);
 std::string Sha256Hex(const void* data, size_t n);

@@ -147,6 +147,10 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
   v.header.shape = KvShape{Get<uint32_t>(p + 12), Get<uint32_t>(p + 16), Get<uint32_t>(p + 20), Get<uint32_t>(p + 24)};
   KV_RETURN_IF_ERROR(v.header.shape.Validate().WithContext("frame"));
   v.header.token_offset = Get<uint32_t>(p + 28);
+  if (uint64_t{v.header.token_offset} + v.header.shape.n_token > (uint64_t{1} << 32)) {
+    return Status::Corrupt("frame tokens from " + std::to_string(v.header.token_offset) + " (" +
+                           std::to_string(v.header.shape.n_token) + " of them) overflow 32-bit positions");
+  }
   v.header.payload_len = payload_len;
   v.header.request_id = Get<uint64_t>(p + 40);
   v.header.layer_begin = Get<uint32_t>(p + 48);
@@ -166,8 +170,10 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
     if (n_positions > 0) std::memcpy(v.header.positions.data(), p + kFrameFixedHeader + spec_len + 4, 4 * n_positions);
     for (uint64_t i = 0; i < n_positions; ++i) {
       const uint32_t q = v.header.positions[i];
-      if (q < v.header.token_offset || q - v.header.token_offset >= sh.n_token || (i && q <= v.header.positions[i - 1])) {
-        return Status::Corrupt("frame token positions are not increasing within the block");
+      // Within the block's span for a selecting strategy, which the pipeline checks; a block
+      // selected before carries positions from a wider span, still increasing from the offset.
+      if (q < v.header.token_offset || (i && q <= v.header.positions[i - 1])) {
+        return Status::Corrupt("frame token positions are not increasing from the token offset");
       }
     }
   }

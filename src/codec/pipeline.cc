@@ -1,5 +1,6 @@
 // Pipeline: composes registered stages into a strategy, and wraps their output in a frame.
 // Encode runs stages first to last; decode runs them last to first.
+#include <algorithm>
 #include <cstring>
 
 #include "codec/stage.h"
@@ -14,6 +15,11 @@ std::vector<KvShape> LevelShapes(const std::vector<Stage*>& stages, const KvShap
   std::vector<KvShape> s = {input};
   for (const Stage* st : stages) s.push_back(st->OutputShape(s.back()));
   return s;
+}
+
+// Upper bound on any byte level of a frame of `shape` through `n_stages` stages (see DecodeView).
+uint64_t MaxByteLevelSize(const KvShape& shape, size_t n_stages) {
+  return 16 * shape.numel() + (uint64_t{1} << 20) * n_stages;
 }
 }  // namespace
 
@@ -87,11 +93,18 @@ Status Pipeline::EncodeLayers(const KvBlock& block, uint32_t layer_begin, uint32
 Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32_t n_layer_total, ByteBuffer* frame,
                               const CodecOptions& opts) const {
   KV_RETURN_IF_ERROR(block.shape().Validate());
-  if (!block.positions().empty()) {
-    return Status::InvalidArgument("the block already had tokens selected; encode it before selecting again");
+  const std::vector<KvShape> shapes = LevelShapes(stages_, block.shape());
+  const bool selects = shapes.back().n_token != block.shape().n_token;
+  if (selects && !block.positions().empty()) {
+    return Status::InvalidArgument("strategy '" + canonical_ +
+                                   "' selects tokens of a block whose tokens were already selected; select once");
+  }
+  if (uint64_t{block.token_offset()} + block.shape().n_token > (uint64_t{1} << 32)) {
+    return Status::OutOfRange("tokens from " + std::to_string(block.token_offset()) + " to " +
+                              std::to_string(uint64_t{block.token_offset()} + block.shape().n_token) +
+                              " do not fit 32-bit positions");
   }
   frame->clear();
-  const std::vector<KvShape> shapes = LevelShapes(stages_, block.shape());
   FrameHeader h;
   h.dtype = block.dtype();
   h.shape = block.shape();
@@ -100,9 +113,11 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
   h.layer_begin = layer_begin;
   h.n_layer_total = n_layer_total;
   h.spec = canonical_;
-  // A selecting stage's kept positions go in the header; they are patched in once known.
-  h.has_positions = shapes.back().n_token != block.shape().n_token;
-  h.positions.assign(h.has_positions ? shapes.back().n_token : 0, 0);
+  // A selecting stage's kept positions go in the header; they are patched in once known. A block
+  // selected earlier (decoded from such a frame) carries its positions through as they are.
+  h.has_positions = selects || !block.positions().empty();
+  if (selects) h.positions.assign(shapes.back().n_token, 0);
+  else h.positions = block.positions();
   AppendFrameHeader(h, frame);
   if (stages_.empty()) {
     const size_t slab_bytes = block.shape().slab_numel() * DTypeSize(block.dtype());
@@ -150,7 +165,7 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
       in.bytes = *out.bytes;
     }
   }
-  if (h.has_positions) {
+  if (selects) {
     if (kept.size() != h.positions.size()) return Status::Internal("selected positions missing");
     std::memcpy(frame->data() + kFrameFixedHeader + canonical_.size() + 4, kept.data(), 4 * kept.size());
   }
@@ -179,10 +194,16 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
   const KvShape stored = shapes.back();
   for (KvShape& sh : shapes) sh.n_token = kept_tokens;
   const KvShape& shape = shapes.front();
-  if (v.header.has_positions != (kept_tokens != v.header.shape.n_token) ||
-      v.header.positions.size() != (v.header.has_positions ? kept_tokens : 0)) {
-    return Status::Corrupt("frame keeps " + std::to_string(v.header.positions.size()) + " token positions, strategy '" +
-                           v.header.spec + "' keeps " + std::to_string(kept_tokens));
+  // A selecting strategy stores the kept tokens' positions, within the block's span; any other
+  // may carry the positions of a block selected before, one per token.
+  const bool selects = kept_tokens != v.header.shape.n_token;
+  const std::vector<uint32_t>& pos = v.header.positions;
+  if ((selects && !v.header.has_positions) || (v.header.has_positions && pos.size() != kept_tokens) ||
+      (selects && !pos.empty() && uint64_t{pos.back()} - v.header.token_offset >= v.header.shape.n_token)) {
+    return Status::Corrupt("frame keeps " + std::to_string(pos.size()) + " token positions, strategy '" +
+                           v.header.spec + "' keeps " + std::to_string(kept_tokens) + " of " +
+                           std::to_string(v.header.shape.n_token) + " tokens from " +
+                           std::to_string(v.header.token_offset));
   }
   const uint64_t out_bytes = shape.numel() * DTypeSize(v.header.dtype);
   if (out_bytes > opts.max_decoded_bytes) {
@@ -202,6 +223,7 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
     }
     KV_RETURN_IF_ERROR(out->Reset(shape, out_dtype));
     out->set_token_offset(v.header.token_offset);
+    out->set_positions(v.header.positions);
     const size_t n = shape.slab_numel(), in_slab = n * DTypeSize(v.header.dtype);
     std::vector<float> tmp(out_dtype == v.header.dtype ? 0 : n);
     for (uint64_t s = 0; s < shape.n_slab(); ++s) {
@@ -217,7 +239,10 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
   }
   StageContext ctx;
   ctx.pool = opts.pool;
-  ctx.max_decoded_bytes = opts.max_decoded_bytes;
+  // A byte level decodes to what its encoder was given, which no stage makes larger than 16
+  // bytes per element of the tensor plus bounded tables: a payload claiming more is a
+  // decompression bomb, refused before its buffer is allocated.
+  ctx.max_decoded_bytes = std::min<uint64_t>(opts.max_decoded_bytes, MaxByteLevelSize(shape, stages.size()));
   StageInput in;
   thread_local KvBlock tensors[2];  // see Pipeline::Encode
   thread_local ByteBuffer bufs[2];

@@ -106,6 +106,7 @@ StageRegistration PruneStageRegistration() {
   info.summary = "token selection: keep sinks, the recent window, and the most important share of the rest";
   info.input = DataKind::kTensor;
   info.output = DataKind::kTensor;
+  info.selects_tokens = true;
   using T = ParamSpec::Type;
   info.params = {
       {"sink", T::kInt, 0, 1 << 20, {}, "4", "first tokens always kept (attention sinks)", ParamSpec::Scale::kLog1p},

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "codec/stage.h"
@@ -221,7 +222,36 @@ std::string StrategySpec::Canonical() const {
   return s;
 }
 
+namespace {
+// The grammar is printable ASCII. Anything else is named whole — a UTF-8 character as itself
+// with its code point, other bytes in hex — so an error never prints half a character.
+Status CheckCharacters(std::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if ((c >= 0x20 && c < 0x7f) || c == '\t' || c == '\n' || c == '\r') continue;
+    size_t len = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+    uint32_t cp = len == 4 ? c & 0x07 : len == 3 ? c & 0x0f : c & 0x1f;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char n = i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0;
+      if ((n & 0xc0) != 0x80) { len = 0; break; }
+      cp = (cp << 6) | (n & 0x3f);
+    }
+    if (c >= 0x80 && len > 1) {
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "U+%04X", cp);
+      return SpecError(i + 1, "character '" + std::string(text.substr(i, len)) + "' (" + hex +
+                                  ") is not part of the strategy grammar (ASCII stage names, parameters and '|')");
+    }
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", c);
+    return SpecError(i + 1, std::string("byte ") + hex + " is not a printable character of the strategy grammar");
+  }
+  return Status::Ok();
+}
+}  // namespace
+
 Result<StrategySpec> ParseStrategy(std::string_view text) {
+  KV_RETURN_IF_ERROR(CheckCharacters(text));
   Lexer lx(text);
   StrategySpec spec;
   if (lx.AtEnd()) return SpecError(1, "empty strategy (use 'none' for no compression)");
@@ -232,6 +262,7 @@ Result<StrategySpec> ParseStrategy(std::string_view text) {
   DataKind kind = DataKind::kTensor;
   std::string producer = "the input KV";
   size_t index = 0;
+  std::string selector;  // the token-selecting stage seen so far, if any
   while (true) {
     const size_t stage_pos = lx.pos();
     {
@@ -245,6 +276,15 @@ Result<StrategySpec> ParseStrategy(std::string_view text) {
       return SpecError(stage_pos, "stage " + std::to_string(index) + " '" + st.name + "' consumes " +
                                       DataKindName(info->input) + ", but " + producer + " produces " +
                                       DataKindName(kind));
+    }
+    if (info->selects_tokens) {
+      // Token scores describe the block's own tokens, and a second selection of the kept ones is
+      // one selection with other parameters: one per strategy keeps frames simple to check.
+      if (!selector.empty()) {
+        return SpecError(stage_pos, "stage " + std::to_string(index) + " '" + st.name + "' selects tokens again after " +
+                                        selector + "; a strategy has at most one token-selection stage");
+      }
+      selector = "stage " + std::to_string(index) + " '" + st.name + "'";
     }
     kind = info->output;
     producer = "stage " + std::to_string(index) + " '" + st.name + "'";

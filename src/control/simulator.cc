@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <queue>
 #include <sstream>
 
 #include "kvserve/codec.h"
@@ -307,58 +308,80 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
   PolicyReport rep;
   rep.policy = std::string(policy);
   std::vector<uint32_t> counts(s.size(), 0);
-  struct Pending {
+  // Every committed request, in commit (arrival) order. The link, the encoder and the decoder
+  // each serve their jobs one at a time in that order, so at any moment each has at most one job
+  // in progress, the jobs before it are finished and those after it have not started: what a
+  // sender sees queued is one partial job plus a suffix sum, and the whole replay stays linear
+  // in the number of requests however deep the backlog.
+  struct Job {
     Outcome out;
     uint32_t strategy;
-    bool sampled;  // its completed transfer went to the estimator
     Decision decision;
     Request request;
   };
+  std::vector<Job> jobs;
+  std::vector<double> link_sum = {0};                // prefix sums of link bytes over jobs
+  std::vector<uint32_t> codec_jobs;                  // jobs with a codec, in order
+  std::vector<double> enc_sum = {0}, dec_sum = {0};  // prefix sums of their encode/decode seconds
+  size_t link_head = 0, enc_head = 0, dec_head = 0;  // first job not yet finished on each resource
+  // Jobs not yet observed by the controller, soonest done first (a request without a codec can
+  // finish before an earlier one still decoding).
+  using Done = std::pair<double, size_t>;
+  std::priority_queue<Done, std::vector<Done>, std::greater<Done>> undone;
+  std::vector<size_t> finished;
   double partial_from = 0;  // start of the next in-progress throughput sample
-  std::vector<Pending> pending;
   Decision d;
   uint32_t ok_slo = 0;
   std::vector<char> right;  // after the drift: was the choice within 5% of the best in hindsight
   const double drift_at = o.drift.at();
+  // Share of [start, end) still ahead at `now` (1 before it starts, even when it is empty).
+  auto remaining = [](double now, double start, double end) {
+    return now <= start ? 1.0 : (end - now) / std::max(1e-12, end - start);
+  };
 
   for (size_t j = 0; j < workload.size(); ++j) {
     const WorkloadRequest& w = workload[j];
     const double now = w.arrival;
     // Feedback from what has completed by now: transfer samples and observed latencies.
-    for (auto it = pending.begin(); it != pending.end();) {
-      if (it->out.link_end <= now && !it->sampled) {
-        const double from = std::max(it->out.link_start, std::min(partial_from, it->out.link_end));
-        if (it->out.link_end > from) est.AddSample(world.Delivered(from, it->out.link_end), it->out.link_end - from, it->out.link_end);
-        it->sampled = true;
-      }
-      if (it->out.done <= now) {
-        if (kind == kAdaptive) ctl.Observe(it->decision, it->request, it->out.latency);
-        it = pending.erase(it);
-      } else {
-        ++it;
-      }
+    for (; link_head < jobs.size() && jobs[link_head].out.link_end <= now; ++link_head) {
+      const Outcome& po = jobs[link_head].out;
+      const double from = std::max(po.link_start, std::min(partial_from, po.link_end));
+      if (po.link_end > from) est.AddSample(world.Delivered(from, po.link_end), po.link_end - from, po.link_end);
+    }
+    finished.clear();
+    while (!undone.empty() && undone.top().first <= now) {
+      finished.push_back(undone.top().second);
+      undone.pop();
+    }
+    std::sort(finished.begin(), finished.end());  // observed in arrival order
+    if (kind == kAdaptive) {
+      for (size_t k : finished) ctl.Observe(jobs[k].decision, jobs[k].request, jobs[k].out.latency);
     }
     // What the sender sees of the transfer in progress: bytes acknowledged so far.
     QueueState seen;
-    double link_backlog = 0;
-    for (const Pending& p : pending) {
-      const Outcome& po = p.out;
-      const StrategyCost& ps = s[p.strategy];
-      if (po.link_start <= now && now < po.link_end) {
-        const double from = std::max(po.link_start, partial_from);
-        if (now - from >= 0.01) {
-          est.AddSample(world.Delivered(from, now), now - from, now);
-          partial_from = now;
-        }
-        link_backlog += po.link_bytes - world.Delivered(po.link_start, now);
-      } else if (now < po.link_start) {
-        link_backlog += po.link_bytes;
+    double link_backlog = link_sum.back() - link_sum[link_head];
+    if (link_head < jobs.size() && jobs[link_head].out.link_start <= now) {
+      const Outcome& po = jobs[link_head].out;
+      const double from = std::max(po.link_start, partial_from);
+      if (now - from >= 0.01) {
+        est.AddSample(world.Delivered(from, now), now - from, now);
+        partial_from = now;
       }
-      // Codec backlog: the share of each job not done yet, at the profiled speed.
-      if (!ps.none()) {
-        if (now < po.enc_end) seen.encode_wait += p.request.kv_bytes * (po.enc_end - std::max(now, po.enc_start)) / (po.enc_end - po.enc_start) / ps.encode_Bps;
-        if (now < po.done) seen.decode_wait += p.request.kv_bytes * (po.done - std::max(now, po.dec_start)) / std::max(1e-12, po.done - po.dec_start) / ps.decode_Bps;
-      }
+      link_backlog -= world.Delivered(po.link_start, now);
+    }
+    // Codec backlog: the share of each job not done yet, at the profiled speed.
+    while (enc_head < codec_jobs.size() && !(now < jobs[codec_jobs[enc_head]].out.enc_end ||
+                                             now < jobs[codec_jobs[enc_head]].out.enc_start)) ++enc_head;
+    while (dec_head < codec_jobs.size() && !(now < jobs[codec_jobs[dec_head]].out.done)) ++dec_head;
+    if (enc_head < codec_jobs.size()) {
+      const Outcome& po = jobs[codec_jobs[enc_head]].out;
+      const double head = enc_sum[enc_head + 1] - enc_sum[enc_head];
+      seen.encode_wait = enc_sum.back() - enc_sum[enc_head + 1] + head * remaining(now, po.enc_start, po.enc_end);
+    }
+    if (dec_head < codec_jobs.size()) {
+      const Outcome& po = jobs[codec_jobs[dec_head]].out;
+      const double head = dec_sum[dec_head + 1] - dec_sum[dec_head];
+      seen.decode_wait = dec_sum.back() - dec_sum[dec_head + 1] + head * remaining(now, po.dec_start, po.done);
     }
     if (est.NeedsProbe(now)) est.AddThroughput(world.TrueBandwidth(now), now);  // a probe measures the link
 
@@ -394,7 +417,14 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
       }
     }
     const Outcome out = world.Execute(choice, now, r.kv_bytes, r.model_seconds, &res, true);
-    pending.push_back({out, choice, false, kind == kAdaptive ? d : Decision{}, r});
+    jobs.push_back({out, choice, kind == kAdaptive ? d : Decision{}, r});
+    link_sum.push_back(link_sum.back() + out.link_bytes);
+    if (!s[choice].none()) {
+      codec_jobs.push_back(uint32_t(jobs.size() - 1));
+      enc_sum.push_back(enc_sum.back() + r.kv_bytes / s[choice].encode_Bps);
+      dec_sum.push_back(dec_sum.back() + r.kv_bytes / s[choice].decode_Bps);
+    }
+    undone.push({out.done, jobs.size() - 1});
     if (s[choice].quality < floor && choice != 0) rep.floor_violations++;
     rep.latencies_ms.push_back(out.latency * 1e3);
     if (out.latency <= r.slo_seconds) ok_slo++;

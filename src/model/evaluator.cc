@@ -122,6 +122,19 @@ struct Evaluator::Impl {
     (void)WriteFileAtomic(CachePath(), d);  // a cache that cannot be written only costs time
   }
 
+  // Broken weights (a NaN in a norm, an inf in a matrix) give NaN logits, which every metric
+  // below would silently count as wrong, agreeing or zero-KL: refuse them instead.
+  Status CheckFinite(const float* logits, size_t n, uint32_t context, const char* where) const {
+    for (size_t j = 0; j < n; ++j) {
+      if (!std::isfinite(logits[j])) {
+        return Status::InvalidArgument("model '" + model->name + "' produced a non-finite logit (" +
+                                       std::to_string(logits[j]) + ") in the " + where + " of evaluation context " +
+                                       std::to_string(context) + ": its weights hold NaN or inf, or overflow");
+      }
+    }
+    return Status::Ok();
+  }
+
   // Prefill of context i's prompt (exact, f32), keeping its fp16 KV and last logits.
   Status Prefill(LlamaEngine& engine, KvCache& cache, uint32_t i) {
     cache.Rewind(0, 0);
@@ -130,6 +143,7 @@ struct Evaluator::Impl {
     cap.window = 32;
     KV_RETURN_IF_ERROR(
         engine.Forward(set.contexts[i].data(), prompt_len, &cache, prompt_last_logits[i].data(), true, &cap));
+    KV_RETURN_IF_ERROR(CheckFinite(prompt_last_logits[i].data(), prompt_last_logits[i].size(), i, "prefill"));
     std::vector<float>& ts = token_scores[i];
     ts.assign(prompt_len, 0.0f);
     for (size_t row = 0; row < cap.probs.size() / cap.n_prompt; ++row)
@@ -146,6 +160,7 @@ struct Evaluator::Impl {
     cache.Rewind(prefix_slots, prompt_len);
     logprobs->resize(size_t(n_cont) * V);
     KV_RETURN_IF_ERROR(engine.Forward(set.contexts[i].data() + prompt_len, n_cont, &cache, logprobs->data()));
+    KV_RETURN_IF_ERROR(CheckFinite(logprobs->data(), logprobs->size(), i, "continuation"));
     for (uint32_t t = 0; t < n_cont; ++t) LogSoftmax(logprobs->data() + size_t(t) * V, V);
     return Status::Ok();
   }

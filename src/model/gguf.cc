@@ -93,9 +93,16 @@ struct TensorInfo {
 
 }  // namespace
 
-Result<LlamaModel> LoadGgufModel(const std::string& path) {
+Result<LlamaModel> LoadGgufModel(const std::string& path, const std::string& tokenizer_path) {
   KV_ASSIGN_OR_RETURN(ByteBuffer data, ReadFile(path));
-  return ParseGgufModel(data, path);
+  KV_ASSIGN_OR_RETURN(LlamaModel m, ParseGgufModel(data, path));
+  if (!tokenizer_path.empty()) {
+    auto t = Tokenizer::LoadLlama2c(tokenizer_path, m.config.vocab_size);
+    if (!t.ok()) return t.status().WithContext("--tokenizer for GGUF model '" + path + "'");
+    m.tokenizer = std::move(t).value();
+    m.notes.push_back("tokenizer '" + tokenizer_path + "' replaces the vocabulary embedded in '" + path + "'");
+  }
+  return m;
 }
 
 Result<LlamaModel> ParseGgufModel(std::span<const uint8_t> data, const std::string& path) {
@@ -184,6 +191,11 @@ Result<LlamaModel> ParseGgufModel(std::span<const uint8_t> data, const std::stri
     tensors[name] = t;
   }
   c.shared_classifier = tensors.find("output.weight") == tensors.end();
+  if (c.shared_classifier) {
+    // As llama.cpp does for models with tied embeddings; said aloud, since a file that lost the
+    // tensor would otherwise run with another classifier without a word.
+    m.notes.push_back("'" + path + "' has no output.weight tensor: the classifier is tied to token_embd.weight");
+  }
   KV_RETURN_IF_ERROR(c.Validate().WithContext("'" + path + "'"));
   const uint64_t a = uint64_t(align);
   const uint64_t data_start = (r.pos() + a - 1) / a * a;

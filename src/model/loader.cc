@@ -139,7 +139,7 @@ Result<LlamaModel> LoadModel(const std::string& name_or_path, const std::string&
     (void)!std::fread(magic, 1, 4, f);
     std::fclose(f);
   }
-  if (std::memcmp(magic, "GGUF", 4) == 0) return LoadGgufModel(path);
+  if (std::memcmp(magic, "GGUF", 4) == 0) return LoadGgufModel(path, tokenizer_path);
   return LoadLlama2cModel(path, tokenizer_path);
 }
 

@@ -2,6 +2,7 @@
 // large allocations, and each failure says what it is.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -107,6 +108,48 @@ TEST(Frame, HugeDeclaredShapeDoesNotAllocate) {
   std::memcpy(g.data() + 32, &huge, 8);
   EXPECT_EQ(DecodeKv(g, &out).code(), StatusCode::kCorrupt);
   EXPECT_FALSE(PeekFrameLength(g).ok());
+}
+
+// A zstd payload can declare far more than its frame's shape could ever need (64 MiB of zeros
+// compress to a few KiB): the decoder bounds every byte level by the shape and refuses before
+// allocating, instead of decompressing and failing at the next stage.
+TEST(Frame, ZstdBombIsRefusedByTheShapeBound) {
+  const std::string spec = CanonicalStrategy("cast(dtype=f16)|zstd").value();
+  const std::vector<uint8_t> zeros(64 << 20, 0);
+  ByteBuffer bomb(ZSTD_compressBound(zeros.size()));
+  const size_t n = ZSTD_compress(bomb.data(), bomb.size(), zeros.data(), zeros.size(), 1);
+  ASSERT_FALSE(ZSTD_isError(n));
+  ASSERT_LT(n, 64u << 10);
+  ByteBuffer f;
+  FrameHeader h;
+  h.shape = KvShape{2, 2, 12, 8};  // 384 elements: 768 bytes of f16
+  h.dtype = DType::kF32;
+  h.spec = spec;
+  AppendFrameHeader(h, &f);
+  const uint64_t raw = zeros.size();
+  f.insert(f.end(), reinterpret_cast<const uint8_t*>(&raw), reinterpret_cast<const uint8_t*>(&raw) + 8);
+  f.insert(f.end(), bomb.begin(), bomb.begin() + n);
+  ASSERT_TRUE(FinishFrame(&f, 0).ok());
+  KvBlock out;
+  const Status st = DecodeKv(f, &out);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+  EXPECT_NE(st.message().find("zstd payload claims 67108864 bytes"), std::string::npos) << st.ToString();
+}
+
+// The header stores the spec with a 16-bit length and decoders refuse more than kFrameMaxSpec
+// bytes: a longer spec is refused when the pipeline is made, never written and then refused by
+// its own decoder (or, above 65535 bytes, stored truncated).
+TEST(Frame, SpecsBeyondTheFrameLimitAreRefusedAtEncode) {
+  std::string spec = "quant";
+  while (spec.size() <= kFrameMaxSpec) spec += "|zstd";
+  auto p = Pipeline::Create(spec);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("above the frame limit of 4096"), std::string::npos) << p.status().message();
+  while (spec.size() <= 70000) spec += "|zstd";
+  KvBlock b = SynthesizeKv(KvShape{1, 1, 8, 8}, {}).value();
+  auto f = EncodeKv(b, spec);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Frame, FileWriteIsAtomicAndReadBack) {

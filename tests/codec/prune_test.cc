@@ -2,6 +2,7 @@
 // verified like the rest of the header.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "codec/frame_test_util.h"
@@ -58,10 +59,64 @@ TEST(Prune, ComposesAndRoundTripsPositions) {
     EXPECT_EQ(out.positions(), v.header.positions) << spec;
     EXPECT_EQ(out.shape().n_token, v.header.has_positions ? v.header.positions.size() : 100u) << spec;
   }
-  // A block that already had tokens selected is not selected again.
+}
+
+// A block decoded from a pruned frame is a block like any other: written to a KV file, encoded
+// with a strategy that selects nothing, and decoded, it keeps its tokens' positions. Selecting
+// it again, or two selections in one strategy, is refused with the reason.
+TEST(Prune, SelectedBlocksReencodeWithTheirPositions) {
+  KvBlock in = SynthesizeKv(KvShape{2, 2, 100, 16}, {.seed = 3}).value();
+  in.set_token_offset(40);
+  KvBlock pruned;
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "prune(keep=0.2,recent=8)").value(), &pruned).ok());
+  ASSERT_FALSE(pruned.positions().empty());
+  for (const char* spec : {"none", "quant|zstd", "cast(dtype=f16)", "rotate|quant(kbits=8,vbits=8)"}) {
+    auto f = EncodeKv(pruned, spec);
+    ASSERT_TRUE(f.ok()) << spec << ": " << f.status().ToString();
+    KvBlock back;
+    ASSERT_TRUE(DecodeKv(f.value(), &back).ok()) << spec;
+    EXPECT_EQ(back.positions(), pruned.positions()) << spec;
+    EXPECT_EQ(back.token_offset(), 40u) << spec;
+    EXPECT_EQ(back.shape(), pruned.shape()) << spec;
+  }
+  const std::string path = ::testing::TempDir() + "/kvserve_pruned.kvf";
+  ASSERT_TRUE(WriteKvFile(path, pruned).ok());
+  KvBlock read = ReadKvFile(path).value();
+  EXPECT_EQ(read.positions(), pruned.positions());
+  EXPECT_EQ(std::memcmp(read.data(), pruned.data(), pruned.bytes()), 0);
+  std::remove(path.c_str());
+
+  auto again = EncodeKv(pruned, "prune(recent=2)|quant");
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("already selected"), std::string::npos) << again.status().message();
+  auto twice = ParseStrategy("prune|prune(keep=0.3)|quant");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("at most one token-selection stage"), std::string::npos)
+      << twice.status().message();
+}
+
+// Positions are 32-bit: a block whose tokens run past 2^32 is refused at encode, and a frame
+// claiming such tokens is refused at decode, instead of wrapping positions.
+TEST(Prune, TokenOffsetsNear32BitsAreRefusedNotWrapped) {
+  KvBlock in = SynthesizeKv(KvShape{1, 1, 30, 8}, {}).value();
+  in.set_token_offset(0xFFFFFFF0u);
+  for (const char* spec : {"prune(sink=1,recent=1,keep=0.5)", "none", "quant"}) {
+    auto f = EncodeKv(in, spec);
+    ASSERT_FALSE(f.ok()) << spec;
+    EXPECT_EQ(f.status().code(), StatusCode::kOutOfRange) << f.status().ToString();
+  }
+  in.set_token_offset(0xFFFFFFFFu - 30);  // the last token at 2^32 - 2: fits
   KvBlock out;
-  ASSERT_TRUE(DecodeKv(EncodeKv(in, "prune").value(), &out).ok());
-  EXPECT_FALSE(EncodeKv(out, "quant").ok());
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "prune(sink=1,recent=1,keep=0.5)").value(), &out).ok());
+  EXPECT_EQ(out.positions().back(), 0xFFFFFFFFu - 1);
+  ByteBuffer f = EncodeKv(in, "quant").value();
+  ByteBuffer patched = testing::Rechecksummed(f, [](ByteBuffer& b) {
+    const uint32_t offset = 0xFFFFFFF0u;
+    std::memcpy(b.data() + 28, &offset, 4);
+  });
+  const Status st = DecodeKv(patched, &out);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("overflow 32-bit positions"), std::string::npos) << st.message();
 }
 
 TEST(Prune, TamperedPositionsAreRejected) {
@@ -76,8 +131,10 @@ TEST(Prune, TamperedPositionsAreRejected) {
   };
   Status st = decode_patched(pos_at + 4, 0);  // second position before the first's successor
   EXPECT_NE(st.message().find("not increasing"), std::string::npos) << st.message();
-  st = decode_patched(pos_at + 4, 1000);  // beyond the block
+  const size_t n_kept = ParseFrame(good).value().header.positions.size();
+  st = decode_patched(pos_at + 4 * (n_kept - 1), 1000);  // the last one beyond the block
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("keeps"), std::string::npos) << st.message();
   st = decode_patched(pos_at - 4, 3);  // count disagrees with header_len
   EXPECT_NE(st.message().find("header_len"), std::string::npos) << st.message();
 }

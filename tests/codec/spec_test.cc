@@ -47,6 +47,18 @@ TEST(Spec, ErrorsNamePositionKeyAndValue) {
   ExpectError("zstd(level=0)", "level=0 out of range (expected 1..19)");
 }
 
+// Errors quote characters whole: a non-ASCII character is named as itself with its code point
+// (it used to print its first byte alone, half a UTF-8 character), other bytes in hex.
+TEST(Spec, NonAsciiIsNamedWholeNeverHalfACharacter) {
+  ExpectError("quant|zstd\xc3\xa9", "position 11: character '\xc3\xa9' (U+00E9)");
+  ExpectError("qu\xc3\xa4nt", "position 3: character '\xc3\xa4' (U+00E4)");
+  ExpectError("quant(kbits=\xe2\x82\xac)", "character '\xe2\x82\xac' (U+20AC)");
+  ExpectError("quant\xf0\x9f\x98\x80", "(U+1F600)");
+  ExpectError("quant\xc3", "byte 0xc3 is not a printable character");  // cut in half
+  ExpectError(std::string("quant\0", 6), "byte 0x00");
+  ExpectError("quant\x7f", "byte 0x7f");
+}
+
 TEST(Spec, RejectsIllTypedOrders) {
   ExpectError("zstd", "stage 1 'zstd' consumes bytes, but the input KV produces tensor");
   ExpectError("quant|quant", "stage 2 'quant' consumes tensor, but stage 1 'quant' produces symbols");
@@ -64,10 +76,11 @@ TEST(Spec, RandomSpecsCanonicalIsAFixedPoint) {
     std::string spec;
     DataKind kind = DataKind::kTensor;
     int n = 1 + rng() % 3;
+    bool selected = false;  // at most one token-selection stage
     for (int k = 0; k < n; ++k) {
       std::vector<const StageInfo*> fit;
       for (const auto& s : stages)
-        if (KindAccepts(s.input, kind)) fit.push_back(&s);
+        if (KindAccepts(s.input, kind) && !(selected && s.selects_tokens)) fit.push_back(&s);
       if (fit.empty()) break;
       const StageInfo* st = fit[rng() % fit.size()];
       std::vector<std::string> kvs;
@@ -90,6 +103,7 @@ TEST(Spec, RandomSpecsCanonicalIsAFixedPoint) {
         spec += " )";
       }
       kind = st->output;
+      selected = selected || st->selects_tokens;
     }
     auto c1 = CanonicalStrategy(spec);
     ASSERT_TRUE(c1.ok()) << spec << ": " << c1.status().ToString();

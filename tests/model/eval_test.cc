@@ -123,6 +123,21 @@ TEST(Evaluator, ThreadsAndCacheDoNotChangeResults) {
   std::filesystem::remove_all(dir);
 }
 
+// A model whose weights make NaN logits used to report relative accuracy 0, top-1 agreement 1.0
+// and KL 0; now the evaluator refuses it and says why.
+TEST(Evaluator, NonFiniteLogitsAreAnErrorNotAResult) {
+  LlamaModel broken = Stories();
+  const size_t at = Stories().weights.rms_final - Stories().weights.storage.data();
+  broken.weights.storage[at] = std::nanf("");
+  broken.weights.Bind(broken.config);
+  EvalOptions o;
+  o.n_contexts = 2;
+  o.threads = 1;
+  auto r = Evaluator::Create(broken, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("non-finite logit"), std::string::npos) << r.status().message();
+}
+
 TEST(Evaluator, RejectsImpossibleWindows) {
   EvalOptions o;
   o.prompt_len = 255;
