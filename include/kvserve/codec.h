@@ -159,6 +159,7 @@ class LayerAssembler {
   Status Add(std::span<const uint8_t> frame, const CodecOptions& opts = {});
   bool complete() const { return layers_done_ == dest_->shape().n_layer; }
   uint32_t layers_done() const { return layers_done_; }
+  bool has_layer(uint32_t layer) const { return layer < have_.size() && have_[layer]; }
   // Token positions of the decoded KV (empty: contiguous from token_offset()), as set on dest.
   const std::vector<uint32_t>& positions() const { return dest_->positions(); }
   uint32_t token_offset() const { return dest_->token_offset(); }

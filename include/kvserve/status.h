@@ -19,6 +19,7 @@ enum class StatusCode : uint8_t {
   kIoError,          // the operating system refused (open, read, write, socket)
   kOutOfRange,       // a value exceeds a configured limit (decoded size, shape)
   kInternal,         // a bug in kvserve; never caused by input
+  kUnavailable,      // a peer is unreachable, closed the connection or missed its deadline
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -36,6 +37,7 @@ class [[nodiscard]] Status {
   static Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
   static Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -207,7 +207,7 @@ class MixHqStage final : public Stage {
       std::vector<uint16_t> scale_h;
       std::vector<uint8_t> codes;
       ConvertToF32(t.dtype(), t.slab_at(s), x.data(), x.size());
-      Signs(p_.seed, s, D, sign.data());
+      Signs(p_.seed, ctx.first_slab + s, D, sign.data());
       for (uint32_t tok = 0; tok < sh.n_token; ++tok) {
         float* row = x.data() + size_t(tok) * D;
         for (uint32_t d = 0; d < D; ++d) row[d] *= sign[d];
@@ -294,7 +294,7 @@ class MixHqStage final : public Stage {
             xb[size_t(r) * D + d] = float(int(codes[size_t(r) * D + d]) - m) * scale[v ? r : d];
         src += L.block_bytes(v, blk);
       }
-      Signs(p_.seed, s, D, sign.data());
+      Signs(p_.seed, ctx.first_slab + s, D, sign.data());
       for (uint32_t tok = 0; tok < sh.n_token; ++tok) {
         float* row = x.data() + size_t(tok) * D;
         Hadamard(row, D);

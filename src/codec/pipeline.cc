@@ -131,6 +131,7 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
   ctx.pool = opts.pool;
   ctx.max_decoded_bytes = opts.max_decoded_bytes;
   ctx.token_scores = opts.token_scores;
+  ctx.first_slab = uint64_t{layer_begin} * 2 * block.shape().n_head_kv;
   StageInput in;
   in.tensor = &block;
   std::vector<uint32_t> kept;  // positions a selecting stage kept; later transforms need not carry them
@@ -243,6 +244,7 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
   // bytes per element of the tensor plus bounded tables: a payload claiming more is a
   // decompression bomb, refused before its buffer is allocated.
   ctx.max_decoded_bytes = std::min<uint64_t>(opts.max_decoded_bytes, MaxByteLevelSize(shape, stages.size()));
+  ctx.first_slab = uint64_t{v.header.layer_begin} * 2 * v.header.shape.n_head_kv;
   StageInput in;
   thread_local KvBlock tensors[2];  // see Pipeline::Encode
   thread_local ByteBuffer bufs[2];

@@ -41,6 +41,10 @@ struct StageContext {
   uint64_t max_decoded_bytes = uint64_t{16} << 30;
   // For a stage consuming symbols: the producing stage's code sections (in offset order).
   const std::vector<CodeSection>* sections = nullptr;
+  // Index, within the whole request, of the block's first slab (non-zero for a frame of later
+  // layers): stages whose randomness is keyed by slab (rotation signs) key it by this plus the
+  // local index, so a layer sent alone codes exactly as it does within the whole request.
+  uint64_t first_slab = 0;
 };
 
 // Exactly one of tensor / bytes is set, by the kind the stage declares.

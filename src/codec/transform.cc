@@ -31,7 +31,7 @@ class RotateStage final : public Stage {
       ConvertToF32(t.dtype(), t.slab_at(i), dst, s.slab_numel());
       if (!PartSelected(parts_, (i / s.n_head_kv) % 2)) return;
       std::vector<float> sign(D);
-      Signs(seed_, i, D, sign.data());
+      Signs(seed_, ctx.first_slab + i, D, sign.data());
       for (uint32_t tok = 0; tok < s.n_token; ++tok) {
         float* row = dst + size_t(tok) * D;
         for (uint32_t d = 0; d < D; ++d) row[d] *= sign[d];
@@ -50,7 +50,7 @@ class RotateStage final : public Stage {
       std::vector<float> buf(s.slab_numel()), sign(D);
       ConvertToF32(t.dtype(), t.slab_at(i), buf.data(), buf.size());
       if (PartSelected(parts_, (i / s.n_head_kv) % 2)) {
-        Signs(seed_, i, D, sign.data());
+        Signs(seed_, ctx.first_slab + i, D, sign.data());
         for (uint32_t tok = 0; tok < s.n_token; ++tok) {
           float* row = buf.data() + size_t(tok) * D;
           Hadamard(row, D);

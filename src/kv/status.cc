@@ -16,6 +16,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kIoError: return "i/o error";
     case StatusCode::kOutOfRange: return "out of range";
     case StatusCode::kInternal: return "internal error";
+    case StatusCode::kUnavailable: return "unavailable";
   }
   return "unknown";
 }

@@ -49,7 +49,8 @@ TEST(LayerFrames, HeaderNamesRequestAndLayers) {
 TEST(LayerFrames, AssembledLayersEqualTheWholeBlock) {
   KvBlock in = Input();
   for (const char* spec : {"none", "cast(dtype=bf16)", "quant(kbits=3,vbits=2,residual=5)|rans",
-                           "quant(kbits=2,vbits=2,boost_layers=2,boost_bits=2)|zstd", "delta|quant"}) {
+                           "quant(kbits=2,vbits=2,boost_layers=2,boost_bits=2)|zstd", "delta|quant", "mixhq|rans", "mixhq(heads=auto)",
+                           "rotate|quant(kbits=3)"}) {
     Pipeline p = Pipeline::Create(spec).value();
     KvBlock whole;
     ByteBuffer f;

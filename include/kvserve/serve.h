@@ -1,0 +1,137 @@
+// PD-separated serving: a prefill node computes a request's KV, chooses how to compress it
+// (fixed strategy or the Controller over a profile), and streams it layer by layer to a decode
+// node, which decodes each layer on arrival and generates. Nodes talk only through Transport.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvserve/calib.h"
+#include "kvserve/controller.h"
+#include "kvserve/model.h"
+#include "kvserve/transport.h"
+
+namespace kvserve {
+
+struct ServeRequest {
+  uint64_t id = 0;
+  std::vector<int> prompt;  // token ids, BOS first
+  uint32_t max_new_tokens = 16;
+  double slo_ms = 1000;     // budget for the transfer path (encode + wire + decode)
+  double floor = 0.97;      // minimum relative accuracy of the strategy chosen
+  std::string label;        // workload tag (chat, retrieval, ...): raises the floor per ControllerOptions
+  std::string strategy;     // force one strategy (empty: the node's policy)
+};
+
+// Seconds per stage. encode/wire/decode overlap (layers are pipelined): transfer_s is the wall
+// time from the first layer's encode to the last layer decoded, at most their sum.
+struct StageTimings {
+  double queue_s = 0, prefill_s = 0, encode_s = 0, wire_s = 0, decode_s = 0, transfer_s = 0, generate_s = 0;
+  double total_s = 0;
+};
+
+struct ServeResponse {
+  uint64_t id = 0;
+  std::vector<int> tokens;  // the generated tokens (the first comes from the prefill node)
+  std::string strategy;     // canonical spec used
+  std::string explanation;  // the controller's one line (or "fixed strategy")
+  StageTimings timings;
+  uint64_t kv_bytes = 0;    // of the prompt KV, in the model's dtype
+  uint64_t wire_bytes = 0;  // frames sent, retries included
+  uint32_t resent_layers = 0;
+  std::string decode_node;
+};
+
+// Counters a node exports on /metrics (Prometheus text).
+struct NodeMetrics {
+  std::atomic<uint64_t> requests{0}, errors{0}, kv_bytes{0}, wire_bytes{0}, resent_layers{0}, corrupt_frames{0};
+  std::atomic<uint64_t> encode_us{0}, wire_us{0}, decode_us{0};
+  std::string Prometheus(const std::string& node) const;
+};
+
+struct DecodeNodeOptions {
+  const LlamaModel* model = nullptr;
+  CodecEnv env;
+  double request_timeout_s = 30;  // a request whose frames stop arriving fails after this
+};
+
+// Serves connections from prefill nodes, one thread per connection, until Stop().
+class DecodeNode {
+ public:
+  DecodeNode(Transport* transport, DecodeNodeOptions opts);
+  ~DecodeNode();
+  Status Start(const std::string& listen_address);
+  uint16_t port() const { return port_; }
+  void Stop();
+  const NodeMetrics& metrics() const { return metrics_; }
+
+ private:
+  void AcceptLoop();
+  void Serve(std::unique_ptr<Connection> c);
+  Transport* transport_;
+  DecodeNodeOptions opts_;
+  std::unique_ptr<Listener> listener_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<std::thread> workers_;
+  std::vector<Connection*> open_;
+  NodeMetrics metrics_;
+};
+
+struct PrefillNodeOptions {
+  const LlamaModel* model = nullptr;
+  CodecEnv env;
+  std::vector<std::string> decode_peers;  // tried in turn from a rotating start; a dead one is skipped
+  const Profile* profile = nullptr;       // adaptive choice over its Pareto set; null: `strategy`
+  std::string strategy = "none";          // used without a profile
+  ControllerOptions controller;
+  double assume_gbps = 10;                // bandwidth before the first measured transfer
+  double request_timeout_s = 30;
+  ThreadPool* pool = nullptr;             // codec threads; null: the calling thread
+  // Fault injection for tests: flip a byte of every Nth frame sent (0: never). Only first sends:
+  // resent frames go out intact, as after a transient wire fault.
+  uint32_t corrupt_every = 0;
+};
+
+// Runs requests: prefill, choose, stream, wait for the decode node's tokens. Thread-safe; the
+// model is shared read-only, the controller and estimator behind one lock.
+class PrefillNode {
+ public:
+  static Result<std::unique_ptr<PrefillNode>> Create(Transport* transport, PrefillNodeOptions opts);
+  Result<ServeResponse> Serve(const ServeRequest& request);
+  const NodeMetrics& metrics() const { return metrics_; }
+  double bandwidth_estimate_gbps() const;
+
+ private:
+  PrefillNode(Transport* transport, PrefillNodeOptions opts);
+  struct Choice {
+    std::string spec;
+    std::string explanation;
+    Decision decision;
+    Request request;
+    bool adaptive = false;
+  };
+  Choice Choose(const ServeRequest& req, double kv_fp16_bytes, double model_seconds);
+  Status Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv, const std::vector<float>& scores,
+                  const std::string& spec, int first_token, ServeResponse* out);
+  Transport* transport_;
+  PrefillNodeOptions opts_;
+  std::unique_ptr<Controller> controller_;
+  mutable std::mutex mu_;  // controller_, estimator_
+  BandwidthEstimator estimator_;
+  std::atomic<uint64_t> next_peer_{0}, frames_sent_{0};
+  NodeMetrics metrics_;
+};
+
+// JSON bodies of the HTTP API and the wire messages (one place, so both ends agree).
+Result<ServeRequest> ParseServeRequest(const std::string& json, const Tokenizer* tokenizer, uint32_t max_prompt);
+std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer);
+
+}  // namespace kvserve

@@ -1,0 +1,194 @@
+// Decode node: receives a request's KV as per-layer frames, decodes each on arrival into the
+// request's cache, asks once for layers whose frames failed verification, then generates.
+#include <nlohmann/json.hpp>
+
+#include "kvserve/codec.h"
+#include "kvserve/frame.h"
+#include "kvserve/serve.h"
+#include "serve/wire.h"
+
+namespace kvserve {
+
+using json = nlohmann::json;
+using serve_internal::Seconds;
+using serve_internal::SendJson;
+
+namespace {
+}  // namespace
+
+DecodeNode::DecodeNode(Transport* transport, DecodeNodeOptions opts) : transport_(transport), opts_(std::move(opts)) {}
+DecodeNode::~DecodeNode() { Stop(); }
+
+Status DecodeNode::Start(const std::string& listen_address) {
+  if (opts_.model == nullptr) return Status::InvalidArgument("decode node needs a model");
+  KV_ASSIGN_OR_RETURN(listener_, transport_->Listen(listen_address));
+  port_ = listener_->port();
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+  return Status::Ok();
+}
+
+void DecodeNode::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (listener_) listener_->Close();
+  if (acceptor_.joinable()) acceptor_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Connection* c : open_) c->Close();
+  }
+  for (std::thread& t : workers_) t.join();
+}
+
+void DecodeNode::AcceptLoop() {
+  while (!stopping_) {
+    auto c = listener_->Accept(DeadlineIn(0.2));
+    if (!c.ok()) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    open_.push_back(c.value().get());
+    workers_.emplace_back([this, conn = std::move(c).value()]() mutable { Serve(std::move(conn)); });
+  }
+}
+
+// One connection, one request at a time; the connection ends when the peer closes it.
+void DecodeNode::Serve(std::unique_ptr<Connection> c) {
+  const LlamaModel& model = *opts_.model;
+  const LlamaConfig& cfg = model.config;
+  while (!stopping_) {
+    auto first = c->Receive(DeadlineIn(opts_.request_timeout_s * 4));
+    if (!first.ok()) break;  // closed or idle: nothing in flight
+    const Clock::time_point t0 = Clock::now();
+    auto fail = [&](const Status& st) {
+      metrics_.errors++;
+      (void)SendJson(c.get(), MessageKind::kError, {{"error", st.ToString()}}, DeadlineIn(1));
+    };
+    if (first->kind != MessageKind::kRequest) {
+      fail(Status::InvalidArgument(std::string("expected a request, got a ") + MessageKindName(first->kind) + " message"));
+      break;
+    }
+    uint64_t id = 0;
+    uint32_t max_new = 0, prompt_len = 0;
+    int first_token = 0;
+    {
+      const json j = json::parse(first->body.begin(), first->body.end(), nullptr, false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_number_unsigned() ||
+          !j.contains("max_new_tokens") || !j["max_new_tokens"].is_number_unsigned() || !j.contains("first_token") ||
+          !j["first_token"].is_number_integer() || !j.contains("prompt_len") || !j["prompt_len"].is_number_unsigned()) {
+        fail(Status::InvalidArgument("malformed request message"));
+        break;
+      }
+      id = j["id"].get<uint64_t>();
+      max_new = uint32_t(std::min<uint64_t>(j["max_new_tokens"].get<uint64_t>(), cfg.seq_len));
+      first_token = j["first_token"].get<int>();
+      prompt_len = uint32_t(std::min<uint64_t>(j["prompt_len"].get<uint64_t>(), uint64_t{1} << 31));
+      if (first_token < 0 || uint32_t(first_token) >= cfg.vocab_size || prompt_len == 0 || prompt_len >= cfg.seq_len) {
+        fail(Status::InvalidArgument("request " + std::to_string(id) + ": first token or prompt length out of range"));
+        break;
+      }
+    }
+    const Clock::time_point deadline = DeadlineIn(opts_.request_timeout_s);
+    KvBlock kv;
+    std::unique_ptr<LayerAssembler> assembler;
+    double decode_s = 0;
+    uint64_t wire_bytes = 0;
+    int rounds = 0;
+    Status st;
+    bool done = false, connection_ok = true;
+    while (!done && st.ok()) {
+      auto m = c->Receive(deadline);
+      if (!m.ok()) {
+        st = m.status();
+        connection_ok = false;
+        break;
+      }
+      if (m->kind == MessageKind::kFrame) {
+        wire_bytes += m->body.size();
+        const Clock::time_point d0 = Clock::now();
+        if (assembler == nullptr) {
+          // The first intact frame says what the request's KV looks like (kept tokens and all).
+          auto v = ParseFrame(m->body);
+          if (!v.ok()) {
+            metrics_.corrupt_frames++;
+            continue;
+          }
+          const FrameHeader& h = v->header;
+          const uint32_t kept = h.has_positions ? uint32_t(h.positions.size()) : h.shape.n_token;
+          if (h.request_id != id || h.n_layer_total != cfg.n_layer || h.shape.n_head_kv != cfg.n_head_kv ||
+              h.shape.head_dim != cfg.head_dim() || h.shape.n_token != prompt_len) {
+            st = Status::InvalidArgument("request " + std::to_string(id) + ": frame does not fit this model's KV");
+            break;
+          }
+          auto made = KvBlock::Create(KvShape{cfg.n_layer, cfg.n_head_kv, kept, cfg.head_dim()}, DType::kF32);
+          if (!made.ok()) {
+            st = made.status();
+            break;
+          }
+          kv = std::move(made).value();
+          assembler = std::make_unique<LayerAssembler>(id, &kv, opts_.env);
+        }
+        const Status add = assembler->Add(m->body);
+        decode_s += Seconds(d0, Clock::now());
+        if (add.code() == StatusCode::kCorrupt) {
+          metrics_.corrupt_frames++;  // asked for again at the end
+        } else if (!add.ok()) {
+          st = add;
+        }
+      } else if (m->kind == MessageKind::kEnd) {
+        std::vector<uint32_t> missing;
+        for (uint32_t l = 0; l < cfg.n_layer; ++l)
+          if (assembler == nullptr || !assembler->has_layer(l)) missing.push_back(l);
+        if (missing.empty()) {
+          done = true;
+        } else if (rounds++ == 0) {
+          metrics_.resent_layers += missing.size();
+          st = SendJson(c.get(), MessageKind::kResend, {{"layers", missing}}, deadline);
+          if (!st.ok()) connection_ok = false;
+        } else {
+          st = Status::Corrupt("request " + std::to_string(id) + ": " + std::to_string(missing.size()) +
+                               " layers failed verification twice (first: " + std::to_string(missing[0]) + ")");
+        }
+      } else {
+        st = Status::InvalidArgument(std::string("unexpected ") + MessageKindName(m->kind) + " message mid-request");
+      }
+    }
+    if (!st.ok()) {
+      if (connection_ok) fail(st);
+      else metrics_.errors++;
+      break;
+    }
+    // Generate exactly as LlamaEngine::Generate does after its prompt, from the prefill node's
+    // first token, over the transferred KV.
+    const Clock::time_point g0 = Clock::now();
+    std::vector<int> out = {first_token};
+    auto cache = KvCache::Create(cfg);
+    Status gen = cache.ok() ? cache->LoadPrefix(kv, prompt_len) : cache.status();
+    LlamaEngine engine(model);
+    std::vector<float> logits(cfg.vocab_size);
+    int tok = first_token;
+    while (gen.ok()) {
+      if (out.size() >= max_new || cache->next_pos >= cfg.seq_len) break;
+      gen = engine.Forward(&tok, 1, &cache.value(), logits.data(), true);
+      if (!gen.ok() || !(out.size() < max_new && cache->next_pos < cfg.seq_len)) break;
+      tok = int(Argmax(logits.data(), cfg.vocab_size));
+      out.push_back(tok);
+    }
+    if (!gen.ok()) {
+      fail(gen);
+      break;
+    }
+    metrics_.requests++;
+    metrics_.wire_bytes += wire_bytes;
+    metrics_.decode_us += uint64_t(decode_s * 1e6);
+    const json result = {{"id", id},
+                         {"tokens", out},
+                         {"decode_s", decode_s},
+                         {"transfer_s", Seconds(t0, g0)},
+                         {"generate_s", Seconds(g0, Clock::now())}};
+    if (!SendJson(c.get(), MessageKind::kResult, result, DeadlineIn(opts_.request_timeout_s)).ok()) break;
+  }
+  c->Close();
+  std::lock_guard<std::mutex> lock(mu_);
+  open_.erase(std::remove(open_.begin(), open_.end(), c.get()), open_.end());
+  // The thread object stays in workers_ until Stop joins it; the connection dies with it here.
+  c.reset();
+}
+
+}  // namespace kvserve

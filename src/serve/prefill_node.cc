@@ -1,0 +1,281 @@
+// Prefill node: runs the prompt, chooses a strategy for its KV under the measured bandwidth
+// (or uses a fixed one), and streams the KV to a decode node layer by layer — the next layer
+// encodes while the previous one is on the wire.
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "kvserve/codec.h"
+#include "kvserve/serve.h"
+#include "serve/wire.h"
+
+namespace kvserve {
+
+using json = nlohmann::json;
+using serve_internal::Seconds;
+using serve_internal::SendJson;
+
+namespace {
+// Encoded frames waiting for the wire: the encoder blocks when `capacity` are queued, so a slow
+// link holds back encoding instead of letting frames pile up in memory.
+class FrameQueue {
+ public:
+  explicit FrameQueue(size_t capacity) : capacity_(capacity) {}
+  bool Push(ByteBuffer f) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return q_.size() < capacity_ || closed_; });
+    if (closed_) return false;
+    q_.push_back(std::move(f));
+    cv_.notify_all();
+    return true;
+  }
+  // Empty when the producer finished (or failed) and everything was taken.
+  std::optional<ByteBuffer> Pop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !q_.empty() || done_ || closed_; });
+    if (q_.empty()) return std::nullopt;
+    ByteBuffer f = std::move(q_.front());
+    q_.pop_front();
+    cv_.notify_all();
+    return f;
+  }
+  void Finish() { std::lock_guard<std::mutex> l(mu_); done_ = true; cv_.notify_all(); }
+  void Close() { std::lock_guard<std::mutex> l(mu_); closed_ = true; cv_.notify_all(); }
+
+ private:
+  size_t capacity_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<ByteBuffer> q_;
+  bool done_ = false, closed_ = false;
+};
+}  // namespace
+
+PrefillNode::PrefillNode(Transport* transport, PrefillNodeOptions opts)
+    : transport_(transport), opts_(std::move(opts)) {}
+
+Result<std::unique_ptr<PrefillNode>> PrefillNode::Create(Transport* transport, PrefillNodeOptions opts) {
+  if (opts.model == nullptr) return Status::InvalidArgument("prefill node needs a model");
+  if (opts.decode_peers.empty()) return Status::InvalidArgument("prefill node needs at least one decode peer");
+  if (!(opts.assume_gbps > 0)) return Status::InvalidArgument("assume_gbps must be positive");
+  KV_ASSIGN_OR_RETURN(opts.strategy, CanonicalStrategy(opts.strategy));
+  std::unique_ptr<PrefillNode> n(new PrefillNode(transport, std::move(opts)));
+  if (n->opts_.profile != nullptr) {
+    // Profiles measure ratio and speed against fp16 KV; this node ships the model's f32 KV, so
+    // per raw byte every ratio and speed is twice the profiled one.
+    std::vector<StrategyCost> s = StrategiesFromProfile(*n->opts_.profile);
+    for (StrategyCost& c : s) c.ratio *= 2, c.encode_Bps *= 2, c.decode_Bps *= 2;
+    ControllerOptions co = n->opts_.controller;
+    co.n_layer = n->opts_.model->config.n_layer;
+    co.pipelined = true;
+    n->controller_ = std::make_unique<Controller>(std::move(s), co);
+  }
+  return n;
+}
+
+double PrefillNode::bandwidth_estimate_gbps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return estimator_.has_estimate() ? estimator_.estimate() * 8 / 1e9 : opts_.assume_gbps;
+}
+
+PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes, double model_seconds) {
+  Choice c;
+  if (!req.strategy.empty() || controller_ == nullptr) {
+    c.spec = req.strategy.empty() ? opts_.strategy : req.strategy;
+    c.explanation = req.strategy.empty() ? "fixed strategy of this node" : "strategy given by the request";
+    return c;
+  }
+  Request& r = c.request;
+  r.id = req.id;
+  r.label = req.label;
+  r.prompt_tokens = uint32_t(req.prompt.size());
+  r.kv_bytes = kv_bytes;
+  r.slo_seconds = req.slo_ms / 1e3;
+  r.floor = req.floor;
+  r.model_seconds = model_seconds;
+  std::lock_guard<std::mutex> lock(mu_);
+  const double now = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  const double bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(now) : opts_.assume_gbps * 1e9 / 8;
+  controller_->Decide(r, bw, estimator_.has_estimate() ? estimator_.Confidence(now) : 0.0, QueueState{}, &c.decision);
+  c.spec = controller_->strategies()[c.decision.choice].spec;
+  c.explanation = controller_->Explain(r, c.decision);
+  c.adaptive = true;
+  return c;
+}
+
+Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv,
+                             const std::vector<float>& scores, const std::string& spec, int first_token,
+                             ServeResponse* out) {
+  const Clock::time_point deadline = DeadlineIn(opts_.request_timeout_s);
+  const uint32_t n_layer = kv.shape().n_layer;
+  KV_ASSIGN_OR_RETURN(Pipeline pipeline, Pipeline::Create(spec, opts_.env));
+  CodecOptions co;
+  co.request_id = req.id;
+  co.pool = opts_.pool;
+  co.token_scores = &scores;
+  // One frame per layer where the strategy splits; a whole-request basis (lowrank) goes as one.
+  const bool per_layer = spec.find("lowrank") == std::string::npos;
+  auto encode = [&](uint32_t layer, ByteBuffer* f) {
+    return per_layer ? pipeline.EncodeLayers(kv, layer, 1, f, co) : pipeline.Encode(kv, f, co);
+  };
+  KV_RETURN_IF_ERROR(SendJson(c, MessageKind::kRequest,
+                              {{"id", req.id}, {"max_new_tokens", req.max_new_tokens}, {"first_token", first_token},
+                               {"prompt_len", kv.shape().n_token}},
+                              deadline));
+  auto send_frame = [&](ByteBuffer& f, bool first_send) -> Status {
+    if (first_send && opts_.corrupt_every && ++frames_sent_ % opts_.corrupt_every == 0 && f.size() > 64) {
+      f[f.size() / 2] ^= 0x5a;  // a wire fault the frame checksum must catch
+    }
+    const Clock::time_point w0 = Clock::now();
+    Status st = c->Send(MessageKind::kFrame, f, deadline);
+    out->timings.wire_s += Seconds(w0, Clock::now());
+    out->wire_bytes += f.size();
+    return st;
+  };
+  const Clock::time_point t0 = Clock::now();
+  FrameQueue queue(2);
+  Status encode_status;
+  double encode_s = 0;
+  std::thread encoder([&] {
+    for (uint32_t l = 0; l < (per_layer ? n_layer : 1); ++l) {
+      ByteBuffer f;
+      const Clock::time_point e0 = Clock::now();
+      encode_status = encode(l, &f);
+      encode_s += Seconds(e0, Clock::now());
+      if (!encode_status.ok() || !queue.Push(std::move(f))) break;
+    }
+    queue.Finish();
+  });
+  Status send_status;
+  while (auto f = queue.Pop()) {
+    send_status = send_frame(*f, true);
+    if (!send_status.ok()) {
+      queue.Close();
+      break;
+    }
+  }
+  encoder.join();
+  out->timings.encode_s = encode_s;
+  KV_RETURN_IF_ERROR(encode_status);
+  KV_RETURN_IF_ERROR(send_status);
+  KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, deadline));
+  for (int round = 0;; ++round) {
+    KV_ASSIGN_OR_RETURN(Message reply, c->Receive(deadline));
+    const json j = json::parse(reply.body.begin(), reply.body.end(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return Status::Corrupt("malformed reply from decode node " + c->peer());
+    if (reply.kind == MessageKind::kError) {
+      return Status::Unavailable("decode node " + c->peer() + " failed the request: " + j.value("error", std::string("?")));
+    }
+    if (reply.kind == MessageKind::kResend && round == 0 && j.contains("layers") && j["layers"].is_array()) {
+      for (const json& l : j["layers"]) {
+        if (!l.is_number_unsigned() || l.get<uint64_t>() >= (per_layer ? n_layer : 1)) {
+          return Status::Corrupt("decode node asked for layer " + l.dump() + " of " + std::to_string(n_layer));
+        }
+        ByteBuffer f;
+        const Clock::time_point e0 = Clock::now();
+        KV_RETURN_IF_ERROR(encode(uint32_t(l.get<uint64_t>()), &f));
+        out->timings.encode_s += Seconds(e0, Clock::now());
+        KV_RETURN_IF_ERROR(send_frame(f, false));
+        out->resent_layers++;
+      }
+      KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, deadline));
+      continue;
+    }
+    if (reply.kind != MessageKind::kResult || !j.contains("tokens") || !j["tokens"].is_array()) {
+      return Status::Corrupt(std::string("unexpected ") + MessageKindName(reply.kind) + " reply from " + c->peer());
+    }
+    for (const json& t : j["tokens"]) {
+      if (!t.is_number_integer()) return Status::Corrupt("decode node sent a token that is not an integer");
+      out->tokens.push_back(t.get<int>());
+    }
+    out->timings.decode_s = j.value("decode_s", 0.0);
+    out->timings.generate_s = j.value("generate_s", 0.0);
+    out->timings.transfer_s = std::max(0.0, Seconds(t0, Clock::now()) - out->timings.generate_s);
+    return Status::Ok();
+  }
+}
+
+Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {
+  const Clock::time_point t0 = Clock::now();
+  const LlamaModel& model = *opts_.model;
+  const LlamaConfig& cfg = model.config;
+  if (req.prompt.empty()) return Status::InvalidArgument("empty prompt");
+  if (req.prompt.size() >= cfg.seq_len) {
+    return Status::OutOfRange("prompt of " + std::to_string(req.prompt.size()) + " tokens does not fit the context of " +
+                              std::to_string(cfg.seq_len));
+  }
+  for (int t : req.prompt) {
+    if (t < 0 || uint32_t(t) >= cfg.vocab_size) {
+      return Status::InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary of " +
+                                     std::to_string(cfg.vocab_size));
+    }
+  }
+  if (req.max_new_tokens < 1) return Status::InvalidArgument("max_new_tokens must be at least 1");
+  metrics_.requests++;
+  ServeResponse out;
+  out.id = req.id;
+  // Prefill, capturing the attention token-selecting strategies rank by.
+  const uint32_t n = uint32_t(req.prompt.size());
+  LlamaEngine engine(model);
+  KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(cfg));
+  std::vector<float> logits(cfg.vocab_size);
+  AttentionCapture cap;
+  cap.window = std::min<uint32_t>(32, n);
+  KV_RETURN_IF_ERROR(engine.Forward(req.prompt.data(), n, &cache, logits.data(), true, &cap));
+  std::vector<float> scores(n, 0.0f);
+  for (size_t row = 0; cap.n_prompt && row < cap.probs.size() / cap.n_prompt; ++row)
+    for (uint32_t j = 0; j < n; ++j) scores[j] += cap.probs[row * cap.n_prompt + j];
+  const int first_token = int(Argmax(logits.data(), cfg.vocab_size));
+  KV_ASSIGN_OR_RETURN(KvBlock kv, cache.Prefix(n, DType::kF32));
+  const Clock::time_point t1 = Clock::now();
+  out.timings.prefill_s = Seconds(t0, t1);
+  out.kv_bytes = kv.bytes();
+
+  const Choice choice = Choose(req, double(kv.bytes()), out.timings.prefill_s);
+  out.strategy = choice.spec;
+  out.explanation = choice.explanation;
+  // Decode peers in turn from a rotating start; one that cannot be reached, or that drops the
+  // request mid-transfer, hands it to the next. Other failures end the request.
+  const size_t n_peers = opts_.decode_peers.size();
+  const size_t start = next_peer_++ % n_peers;
+  Status last;
+  for (size_t k = 0; k < n_peers; ++k) {
+    const std::string& peer = opts_.decode_peers[(start + k) % n_peers];
+    ServeResponse attempt = out;
+    auto conn = transport_->Connect(peer, DeadlineIn(std::min(5.0, opts_.request_timeout_s)));
+    if (!conn.ok()) {
+      last = conn.status();
+      continue;
+    }
+    last = Transfer(conn.value().get(), req, kv, scores, choice.spec, first_token, &attempt);
+    conn.value()->Close();
+    if (last.ok()) {
+      out = std::move(attempt);
+      out.decode_node = peer;
+      break;
+    }
+    if (last.code() != StatusCode::kUnavailable) break;
+  }
+  if (!last.ok()) {
+    metrics_.errors++;
+    return last.WithContext("request " + std::to_string(req.id));
+  }
+  out.timings.total_s = Seconds(t0, Clock::now());
+  metrics_.kv_bytes += out.kv_bytes;
+  metrics_.wire_bytes += out.wire_bytes;
+  metrics_.resent_layers += out.resent_layers;
+  metrics_.encode_us += uint64_t(out.timings.encode_s * 1e6);
+  metrics_.wire_us += uint64_t(out.timings.wire_s * 1e6);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const double now = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    // What the link carried and how long the sends took: a throughput sample for the estimator.
+    if (out.timings.wire_s > 0) estimator_.AddSample(double(out.wire_bytes), out.timings.wire_s, now);
+    if (choice.adaptive) controller_->Observe(choice.decision, choice.request, out.timings.prefill_s + out.timings.transfer_s);
+  }
+  return out;
+}
+
+}  // namespace kvserve
