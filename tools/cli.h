@@ -61,5 +61,6 @@ void AddCodecCommands(CLI::App& app);
 void AddModelCommands(CLI::App& app);
 void AddProfileCommands(CLI::App& app);
 void AddControlCommands(CLI::App& app);
+void AddServeCommands(CLI::App& app);
 
 }  // namespace kvserve::cli

@@ -167,5 +167,6 @@ int main(int argc, char** argv) {
   kvserve::cli::AddModelCommands(app);
   kvserve::cli::AddProfileCommands(app);
   kvserve::cli::AddControlCommands(app);
+  kvserve::cli::AddServeCommands(app);
   return kvserve::cli::Run(app, argc, argv);
 }

@@ -94,7 +94,7 @@ std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer
               {"total", t.total_s * 1e3}}}};
   if (tokenizer != nullptr) {
     std::string text;
-    int prev = Tokenizer::kBos;
+    int prev = Tokenizer::kEos;  // a continuation: keep the first piece's leading space (only BOS drops it)
     for (int id : r.tokens) {
       if (id >= 0 && uint32_t(id) < tokenizer->vocab_size()) text += tokenizer->Decode(prev, id);
       prev = id;

@@ -1,0 +1,171 @@
+// The serving processes for real: `kvserve serve decode|prefill|router` started by the test on
+// free loopback ports, driven over HTTP, and stopped (or killed) by it. Every wait is bounded.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "test_paths.h"
+#include "tools/cli_test_util.h"
+
+namespace {
+
+using json = nlohmann::json;
+
+// A kvserve process whose first stdout line ends in "listening on HOST:PORT".
+class Process {
+ public:
+  explicit Process(const std::vector<std::string>& args) {
+    int out[2];
+    EXPECT_EQ(::pipe(out), 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], 1);
+      ::close(out[0]);
+      ::close(out[1]);
+      std::vector<char*> argv = {const_cast<char*>(KVSERVE_CLI)};
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(KVSERVE_CLI, argv.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    // Read the first line, waiting at most 30 s.
+    std::string line;
+    char c;
+    while (line.find('\n') == std::string::npos) {
+      pollfd pfd{out[0], POLLIN, 0};
+      if (::poll(&pfd, 1, 30000) <= 0 || ::read(out[0], &c, 1) != 1) break;
+      line += c;
+    }
+    out_fd_ = out[0];
+    const size_t at = line.find("listening on ");
+    if (at != std::string::npos) address_ = line.substr(at + 13, line.find('\n') - at - 13);
+  }
+  ~Process() { Stop(SIGTERM); }
+  const std::string& address() const { return address_; }
+  // Stops the process with `sig`; SIGKILL if it has not ended within 10 s. Returns its status.
+  int Stop(int sig) {
+    if (pid_ <= 0) return status_;
+    ::kill(pid_, sig);
+    for (int i = 0; i < 1000; ++i) {
+      if (::waitpid(pid_, &status_, WNOHANG) == pid_) {
+        pid_ = 0;
+        break;
+      }
+      ::usleep(10000);
+    }
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status_, 0);
+      pid_ = 0;
+    }
+    ::close(out_fd_);
+    return status_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1, status_ = 0;
+  std::string address_;
+};
+
+struct Reply {
+  int status = 0;
+  json body;
+};
+
+Reply Post(const std::string& address, const std::string& body) {
+  httplib::Client cli("http://" + address);
+  cli.set_read_timeout(std::chrono::seconds(60));
+  auto r = cli.Post("/generate", body, "application/json");
+  if (!r) return {-1, json()};
+  return {r->status, json::parse(r->body, nullptr, false)};
+}
+
+std::string Continuation(const std::string& model, const std::string& prompt, int n) {
+  // stdout (the text) and stderr (a timing line) arrive merged: take the line that is the text.
+  auto r = kvserve::testing::Cli("generate -m " + model + " -p '" + prompt + "' -n " + std::to_string(n));
+  const size_t at = r.out.find(prompt);
+  if (at == std::string::npos) return "(no text in: " + r.out + ")";
+  return r.out.substr(at + prompt.size(), r.out.find('\n', at) - at - prompt.size());
+}
+
+TEST(ServeCli, RouterPrefillDecodeGiveLocalTextAndSurviveBadInput) {
+  for (const std::string model : {"stories260K", "babyllama105"}) {
+    Process decode({"serve", "decode", "-m", model, "--listen", "127.0.0.1:0", "--log-level", "quiet"});
+    ASSERT_FALSE(decode.address().empty());
+    Process prefill({"serve", "prefill", "-m", model, "--listen", "127.0.0.1:0", "--peer", decode.address(),
+                     "--log-level", "quiet"});
+    ASSERT_FALSE(prefill.address().empty());
+    Process router({"serve", "router", "--listen", "127.0.0.1:0", "--peer", prefill.address(), "--log-level", "quiet"});
+    ASSERT_FALSE(router.address().empty());
+    const std::string prompt = "Once upon a time";
+    Reply r = Post(router.address(), json{{"prompt", prompt}, {"max_new_tokens", 40}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body.dump();
+    EXPECT_EQ(r.body["text"].get<std::string>(), Continuation(model, prompt, 40)) << model;
+    EXPECT_EQ(r.body["strategy"], "none");
+    EXPECT_EQ(r.body["router"]["label"], "short");
+    EXPECT_GT(r.body["router"]["jct_ms"].get<double>(), 0);
+    for (const char* k : {"queue", "prefill", "encode", "wire", "decode", "transfer", "generate", "total"})
+      EXPECT_TRUE(r.body["timings_ms"].contains(k)) << k;
+    // Malformed requests: a 4xx with the reason, and the server keeps serving.
+    for (const std::string bad : {std::string("{bad json"), std::string(R"({"prompt":"x","slo_ms":-5})"),
+                                  std::string(R"({"prompt":"x","strategy":"zzz"})"),
+                                  json{{"tokens", std::vector<int>(5000, 1)}}.dump(), std::string(R"({"tokens":[1,99999]})")}) {
+      Reply b = Post(router.address(), bad);
+      EXPECT_EQ(b.status / 100, 4) << bad << " -> " << b.status;
+      EXPECT_TRUE(b.body.contains("error")) << bad;
+    }
+    Reply again = Post(router.address(), json{{"tokens", {1, 50}}, {"max_new_tokens", 5}, {"strategy", "quant|rans"}}.dump());
+    EXPECT_EQ(again.status, 200) << again.body.dump();
+    httplib::Client m("http://" + prefill.address());
+    auto metrics = m.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    EXPECT_NE(metrics->body.find("kvserve_requests_total{node=\"prefill\"} 2"), std::string::npos) << metrics->body;
+    EXPECT_NE(metrics->body.find("kvserve_bandwidth_estimate_gbps"), std::string::npos);
+  }
+}
+
+TEST(ServeCli, KilledDecodeNodeFailsOverThenFailsClearly) {
+  Process a({"serve", "decode", "--listen", "127.0.0.1:0", "--log-level", "quiet"});
+  Process b({"serve", "decode", "--listen", "127.0.0.1:0", "--log-level", "quiet"});
+  Process prefill({"serve", "prefill", "--listen", "127.0.0.1:0", "--peer", a.address(), "--peer", b.address(),
+                   "--timeout", "2", "--log-level", "quiet"});
+  ASSERT_FALSE(prefill.address().empty());
+  const std::string req = json{{"prompt", "Tom had a red ball"}, {"max_new_tokens", 8}}.dump();
+  Reply first = Post(prefill.address(), req);
+  ASSERT_EQ(first.status, 200);
+  a.Stop(SIGKILL);
+  for (int i = 0; i < 4; ++i) {  // every request lands on b, whichever node the rotation starts at
+    Reply r = Post(prefill.address(), req);
+    ASSERT_EQ(r.status, 200) << r.body.dump();
+    EXPECT_EQ(r.body["decode_node"], b.address());
+    EXPECT_EQ(r.body["tokens"], first.body["tokens"]);
+  }
+  b.Stop(SIGKILL);
+  Reply none = Post(prefill.address(), req);
+  EXPECT_EQ(none.status, 503) << none.body.dump();
+  EXPECT_NE(none.body["error"].get<std::string>().find("unavailable"), std::string::npos) << none.body.dump();
+}
+
+TEST(ServeCli, CorruptingFaultInjectionIsDetectedAndResent) {
+  Process decode({"serve", "decode", "--listen", "127.0.0.1:0", "--log-level", "quiet"});
+  Process clean({"serve", "prefill", "--listen", "127.0.0.1:0", "--peer", decode.address(), "--log-level", "quiet"});
+  Process faulty({"serve", "prefill", "--listen", "127.0.0.1:0", "--peer", decode.address(), "--fault-corrupt-every", "3",
+                  "--strategy", "quant(kbits=4,vbits=4)|zstd", "--log-level", "quiet"});
+  const std::string req = json{{"prompt", "Lily saw a bird"}, {"max_new_tokens", 20}, {"strategy", "quant(kbits=4,vbits=4)|zstd"}}.dump();
+  Reply want = Post(clean.address(), req);
+  Reply got = Post(faulty.address(), req);
+  ASSERT_EQ(got.status, 200) << got.body.dump();
+  EXPECT_GE(got.body["resent_layers"].get<int>(), 1);
+  EXPECT_EQ(got.body["tokens"], want.body["tokens"]);
+}
+
+}  // namespace

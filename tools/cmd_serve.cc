@@ -1,0 +1,306 @@
+// CLI: `serve decode|prefill|router` — the PD serving processes. Decode nodes take KV over the
+// transport; the prefill node and the router speak HTTP+JSON (cpp-httplib) and export /metrics.
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli.h"
+#include "kvserve/profile.h"
+#include "kvserve/serve.h"
+#include "model_flags.h"
+
+namespace kvserve::cli {
+namespace {
+
+using json = nlohmann::json;
+
+enum class LogLevel { kQuiet, kInfo, kDebug };
+
+LogLevel ParseLogLevel(const std::string& s) {
+  return s == "quiet" ? LogLevel::kQuiet : s == "debug" ? LogLevel::kDebug : LogLevel::kInfo;
+}
+
+// Blocks SIGINT/SIGTERM in every thread started after this, and returns once one arrives: the
+// servers are then stopped from the main thread instead of inside a signal handler.
+void WaitForStopSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+}
+void BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+// Binds an HTTP server to "host:port" (port 0: a free one) and says where, on stdout, in a form
+// scripts and tests read: "listening on HOST:PORT".
+Result<int> BindHttp(httplib::Server& svr, const std::string& address, const char* role) {
+  std::string host;
+  uint16_t port;
+  KV_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
+  int bound = port == 0 ? svr.bind_to_any_port(host) : (svr.bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) return Status::IoError(std::string(role) + ": cannot listen on " + address);
+  std::printf("%s listening on %s:%d\n", role, host.c_str(), bound);
+  std::fflush(stdout);
+  return bound;
+}
+
+// Serves `svr` on `address` until SIGINT/SIGTERM.
+Status ServeHttpUntilSignal(httplib::Server& svr, const std::string& address, const char* role) {
+  KV_ASSIGN_OR_RETURN(int port, BindHttp(svr, address, role));
+  (void)port;
+  std::thread http([&] { svr.listen_after_bind(); });
+  WaitForStopSignal();
+  svr.stop();
+  http.join();
+  return Status::Ok();
+}
+
+int HttpStatusFor(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kNotFound: return 400;
+    case StatusCode::kUnavailable: return 503;
+    default: return 500;
+  }
+}
+
+void ReplyError(httplib::Response& res, const Status& st) {
+  res.status = HttpStatusFor(st);
+  res.set_content(json{{"error", st.ToString()}}.dump() + "\n", "application/json");
+}
+
+Status RunDecode(const ModelFlags& mf, const std::string& listen, const std::string& metrics_listen, double timeout_s,
+                 LogLevel log) {
+  BlockStopSignals();
+  KV_ASSIGN_OR_RETURN(LlamaModel model, mf.Load());
+  auto transport = MakeTcpTransport();
+  DecodeNode node(transport.get(), DecodeNodeOptions{.model = &model, .env = Codec(), .request_timeout_s = timeout_s});
+  KV_RETURN_IF_ERROR(node.Start(listen));
+  std::string host;
+  uint16_t port;
+  KV_RETURN_IF_ERROR(ParseHostPort(listen, &host, &port));
+  std::printf("decode listening on %s:%u\n", host.c_str(), unsigned(node.port()));
+  std::fflush(stdout);
+  if (log != LogLevel::kQuiet) std::fprintf(stderr, "decode node: model %s, transport tcp\n", model.name.c_str());
+  httplib::Server svr;
+  std::thread http;
+  if (!metrics_listen.empty()) {
+    svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_content(node.metrics().Prometheus("decode"), "text/plain; version=0.0.4");
+    });
+    KV_ASSIGN_OR_RETURN(int mport, BindHttp(svr, metrics_listen, "decode metrics"));
+    (void)mport;
+    http = std::thread([&] { svr.listen_after_bind(); });
+  }
+  WaitForStopSignal();
+  if (http.joinable()) {
+    svr.stop();
+    http.join();
+  }
+  node.Stop();
+  if (log != LogLevel::kQuiet) {
+    std::fprintf(stderr, "decode node: stopped after %llu requests\n", (unsigned long long)node.metrics().requests.load());
+  }
+  return Status::Ok();
+}
+
+struct PrefillFlags {
+  ModelFlags model;
+  std::string listen = "127.0.0.1:8080", profile, strategy = "none", log_level = "info";
+  std::vector<std::string> peers;
+  double timeout_s = 30, assume_gbps = 10, shape_gbps = 0;
+  uint32_t corrupt_every = 0;
+  int threads = 1;
+};
+
+Status RunPrefill(const PrefillFlags& f) {
+  BlockStopSignals();
+  const LogLevel log = ParseLogLevel(f.log_level);
+  KV_ASSIGN_OR_RETURN(LlamaModel model, f.model.Load());
+  std::unique_ptr<Profile> profile;
+  if (!f.profile.empty()) {
+    KV_ASSIGN_OR_RETURN(Profile p, LoadProfile(f.profile));
+    profile = std::make_unique<Profile>(std::move(p));
+  }
+  std::unique_ptr<LinkShaper> shaper;
+  if (f.shape_gbps > 0) shaper = std::make_unique<LinkShaper>(f.shape_gbps);
+  auto transport = MakeTcpTransport({.shaper = shaper.get()});
+  PrefillNodeOptions o;
+  o.model = &model;
+  o.env = Codec();
+  o.decode_peers = f.peers;
+  o.profile = profile.get();
+  o.strategy = f.strategy;
+  o.assume_gbps = f.shape_gbps > 0 ? f.shape_gbps : f.assume_gbps;
+  o.request_timeout_s = f.timeout_s;
+  o.corrupt_every = f.corrupt_every;
+  o.pool = Pool(f.threads);
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefillNode> node, PrefillNode::Create(transport.get(), o));
+  std::atomic<uint64_t> next_id{1};
+  httplib::Server svr;
+  svr.set_payload_max_length(size_t(model.config.seq_len) * 64 + (64 << 10));
+  svr.Post("/generate", [&](const httplib::Request& req, httplib::Response& res) {
+    auto parsed = ParseServeRequest(req.body, &model.tokenizer, model.config.seq_len - 1);
+    if (!parsed.ok()) return ReplyError(res, parsed.status());
+    ServeRequest r = std::move(parsed).value();
+    if (r.id == 0) r.id = next_id++;
+    auto out = node->Serve(r);
+    if (!out.ok()) {
+      if (log != LogLevel::kQuiet) std::fprintf(stderr, "%s\n", json{{"id", r.id}, {"error", out.status().ToString()}}.dump().c_str());
+      return ReplyError(res, out.status());
+    }
+    const std::string body = ServeResponseJson(out.value(), &model.tokenizer);
+    if (log != LogLevel::kQuiet) {
+      // One structured line per request: what was chosen and why, and where the time went.
+      json line = json::parse(body);
+      line.erase("tokens");
+      line.erase("text");
+      std::fprintf(stderr, "%s\n", line.dump().c_str());
+    }
+    res.set_content(body + "\n", "application/json");
+  });
+  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    std::string m = node->metrics().Prometheus("prefill");
+    m += "# HELP kvserve_bandwidth_estimate_gbps the estimator's current link bandwidth\n"
+         "# TYPE kvserve_bandwidth_estimate_gbps gauge\nkvserve_bandwidth_estimate_gbps{node=\"prefill\"} " +
+         std::to_string(node->bandwidth_estimate_gbps()) + "\n";
+    res.set_content(m, "text/plain; version=0.0.4");
+  });
+  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  return ServeHttpUntilSignal(svr, f.listen, "prefill");
+}
+
+// The router: one HTTP front for several prefill nodes. It labels each request's workload (its
+// tag if given, else by prompt length) and forwards to the prefill nodes in turn, measuring the
+// job completion time it saw (arrival here to the last token back).
+Status RunRouter(const std::string& listen, const std::vector<std::string>& peers, double timeout_s, uint32_t long_prompt,
+                 LogLevel log) {
+  BlockStopSignals();
+  if (peers.empty()) return Status::InvalidArgument("router needs at least one --peer (a prefill node's host:port)");
+  for (const std::string& p : peers) {
+    std::string h;
+    uint16_t port;
+    KV_RETURN_IF_ERROR(ParseHostPort(p, &h, &port));
+  }
+  std::atomic<uint64_t> next{0}, routed{0}, failed{0};
+  httplib::Server svr;
+  svr.set_payload_max_length(16 << 20);
+  svr.Post("/generate", [&](const httplib::Request& req, httplib::Response& res) {
+    const double t0 = NowSeconds();
+    json j = json::parse(req.body, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return ReplyError(res, Status::InvalidArgument("request is not a JSON object"));
+    if (!j.contains("label") || !j["label"].is_string() || j["label"].get<std::string>().empty()) {
+      const size_t n = j.contains("tokens") && j["tokens"].is_array() ? j["tokens"].size()
+                       : j.contains("prompt") && j["prompt"].is_string() ? j["prompt"].get<std::string>().size() / 4
+                                                                         : 0;
+      j["label"] = n >= long_prompt ? "long" : "short";
+    }
+    Status last = Status::Unavailable("no prefill node answered");
+    for (size_t k = 0; k < peers.size(); ++k) {
+      const std::string& peer = peers[(next++ + k) % peers.size()];
+      httplib::Client cli("http://" + peer);
+      cli.set_connection_timeout(std::chrono::seconds(2));
+      cli.set_read_timeout(std::chrono::duration<double>(timeout_s));
+      auto r = cli.Post("/generate", j.dump(), "application/json");
+      if (!r) {
+        last = Status::Unavailable("prefill node " + peer + ": " + httplib::to_string(r.error()));
+        continue;
+      }
+      json out = json::parse(r->body, nullptr, false);
+      if (!out.is_discarded() && out.is_object() && r->status == 200) {
+        out["router"] = {{"label", j["label"]}, {"prefill_node", peer}, {"jct_ms", (NowSeconds() - t0) * 1e3}};
+        routed++;
+        if (log == LogLevel::kDebug) std::fprintf(stderr, "%s\n", out["router"].dump().c_str());
+        res.set_content(out.dump() + "\n", "application/json");
+        return;
+      }
+      // A 4xx is the request's fault: no other node would answer differently.
+      res.status = r->status;
+      res.set_content(r->body, "application/json");
+      if (r->status < 500) return;
+      last = Status::Unavailable("prefill node " + peer + " answered " + std::to_string(r->status));
+    }
+    failed++;
+    ReplyError(res, last);
+  });
+  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content("# TYPE kvserve_router_requests_total counter\nkvserve_router_requests_total{node=\"router\"} " +
+                        std::to_string(routed.load()) +
+                        "\n# TYPE kvserve_router_errors_total counter\nkvserve_router_errors_total{node=\"router\"} " +
+                        std::to_string(failed.load()) + "\n",
+                    "text/plain; version=0.0.4");
+  });
+  return ServeHttpUntilSignal(svr, listen, "router");
+}
+
+}  // namespace
+
+void AddServeCommands(CLI::App& app) {
+  CLI::App* serve = app.add_subcommand("serve", "PD-separated serving processes: decode node, prefill node, router");
+  serve->require_subcommand(1);
+  const auto levels = CLI::IsMember({"quiet", "info", "debug"});
+  {
+    auto* c = serve->add_subcommand("decode", "Decode node: receives per-layer KV frames, decodes them on arrival, generates");
+    auto mf = std::make_shared<ModelFlags>();
+    auto listen = std::make_shared<std::string>("127.0.0.1:7001");
+    auto timeout = std::make_shared<double>(30);
+    auto log = std::make_shared<std::string>("info");
+    auto metrics = std::make_shared<std::string>();
+    mf->Add(c);
+    c->add_option("--listen", *listen, "host:port for prefill nodes (port 0: a free one, printed)")->capture_default_str();
+    c->add_option("--metrics", *metrics, "HTTP host:port serving /metrics (default: none)");
+    c->add_option("--timeout", *timeout, "seconds a request's frames may take to arrive")->capture_default_str()->check(InRange(0.01, 3600));
+    c->add_option("--log-level", *log, "quiet | info | debug")->capture_default_str()->check(levels);
+    SetAction(c, [=]() { return RunDecode(*mf, *listen, *metrics, *timeout, ParseLogLevel(*log)); });
+  }
+  {
+    auto* c = serve->add_subcommand("prefill", "Prefill node: HTTP POST /generate; prefills, chooses a strategy, streams KV to a decode node");
+    auto f = std::make_shared<PrefillFlags>();
+    f->model.Add(c);
+    c->add_option("--listen", f->listen, "HTTP host:port (port 0: a free one, printed)")->capture_default_str();
+    c->add_option("--peer", f->peers, "decode node host:port (repeatable; tried in turn)")->required();
+    c->add_option("--profile", f->profile, "profile file: choose per request with the controller (default: --strategy)");
+    c->add_option("--strategy", f->strategy, "fixed strategy without a profile")->capture_default_str();
+    c->add_option("--assume-gbps", f->assume_gbps, "link bandwidth assumed before the first transfer is measured")
+        ->capture_default_str()->check(InRange(1e-6, 1e4));
+    c->add_option("--shape-gbps", f->shape_gbps, "pace sends to this rate (in-process token bucket; 0: off)")
+        ->capture_default_str()->check(InRange(0, 1e4));
+    c->add_option("--timeout", f->timeout_s, "seconds per request's transfer and reply")->capture_default_str()->check(InRange(0.01, 3600));
+    c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
+    c->add_option("--fault-corrupt-every", f->corrupt_every, "fault injection: corrupt every Nth frame sent (0: never)")
+        ->capture_default_str()->check(InRange(0, 1e9));
+    c->add_option("--log-level", f->log_level, "quiet | info (a JSON line per request) | debug")->capture_default_str()->check(levels);
+    SetAction(c, [=]() { return RunPrefill(*f); });
+  }
+  {
+    auto* c = serve->add_subcommand("router", "Router: HTTP front that labels workloads and forwards to prefill nodes");
+    auto listen = std::make_shared<std::string>("127.0.0.1:8000");
+    auto peers = std::make_shared<std::vector<std::string>>();
+    auto timeout = std::make_shared<double>(60);
+    auto long_prompt = std::make_shared<uint32_t>(256);
+    auto log = std::make_shared<std::string>("info");
+    c->add_option("--listen", *listen, "HTTP host:port (port 0: a free one, printed)")->capture_default_str();
+    c->add_option("--peer", *peers, "prefill node HTTP host:port (repeatable)")->required();
+    c->add_option("--timeout", *timeout, "seconds to wait for a prefill node")->capture_default_str()->check(InRange(0.01, 3600));
+    c->add_option("--long-prompt", *long_prompt, "prompt tokens from which an untagged request is labelled 'long'")
+        ->capture_default_str()->check(InRange(1, 1 << 24));
+    c->add_option("--log-level", *log, "quiet | info | debug")->capture_default_str()->check(levels);
+    SetAction(c, [=]() { return RunRouter(*listen, *peers, *timeout, *long_prompt, ParseLogLevel(*log)); });
+  }
+}
+
+}  // namespace kvserve::cli
