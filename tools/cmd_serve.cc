@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstring>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -247,9 +248,93 @@ Status RunRouter(const std::string& listen, const std::vector<std::string>& peer
   return ServeHttpUntilSignal(svr, listen, "router");
 }
 
+// `bench link`: what the transport carries over this machine's link. With --listen it is the
+// receiving end (run it in the other namespace); with --connect the sending end; with neither,
+// both ends in this process over loopback. A memcpy of the same bytes is the baseline.
+Status RunBenchLink(const std::string& listen, const std::string& connect, uint32_t mib, double shape_gbps, bool as_json) {
+  std::unique_ptr<LinkShaper> shaper;
+  if (shape_gbps > 0) shaper = std::make_unique<LinkShaper>(shape_gbps);
+  auto transport = MakeTcpTransport({.shaper = shaper.get()});
+  auto receive_all = [](Connection* c) -> Status {
+    uint64_t got = 0;
+    while (true) {
+      KV_ASSIGN_OR_RETURN(Message m, c->Receive(DeadlineIn(120)));
+      if (m.kind == MessageKind::kEnd) break;
+      got += m.body.size();
+    }
+    const std::string body = json{{"bytes", got}}.dump();
+    return c->Send(MessageKind::kResult, std::span(reinterpret_cast<const uint8_t*>(body.data()), body.size()), DeadlineIn(10));
+  };
+  std::unique_ptr<Listener> listener;
+  std::thread server;
+  Status server_status;
+  std::string target = connect;
+  if (!listen.empty() || connect.empty()) {
+    KV_ASSIGN_OR_RETURN(listener, transport->Listen(listen.empty() ? "127.0.0.1:0" : listen));
+    if (!listen.empty()) {
+      std::printf("bench link listening on %s\n", listen.c_str());
+      std::fflush(stdout);
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, listener->Accept(DeadlineIn(600)));
+      return receive_all(c.get());
+    }
+    target = "127.0.0.1:" + std::to_string(listener->port());
+    server = std::thread([&] {
+      auto c = listener->Accept(DeadlineIn(30));
+      server_status = c.ok() ? receive_all(c.value().get()) : c.status();
+    });
+  }
+  const uint64_t chunk = 4 << 20, total = uint64_t(mib) << 20;
+  ByteBuffer buf(chunk, 0x5a);
+  double seconds = 0;
+  Status st = [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, transport->Connect(target, DeadlineIn(10)));
+    const double t0 = NowSeconds();
+    for (uint64_t sent = 0; sent < total; sent += chunk) KV_RETURN_IF_ERROR(c->Send(MessageKind::kFrame, buf, DeadlineIn(60)));
+    KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, DeadlineIn(10)));
+    KV_ASSIGN_OR_RETURN(Message reply, c->Receive(DeadlineIn(120)));
+    seconds = NowSeconds() - t0;
+    return reply.kind == MessageKind::kResult ? Status::Ok() : Status::Corrupt("unexpected reply");
+  }();
+  if (server.joinable()) server.join();
+  KV_RETURN_IF_ERROR(st);
+  KV_RETURN_IF_ERROR(server_status);
+  // Baseline in the same run: one memcpy of the same bytes.
+  ByteBuffer dst(chunk);
+  const double m0 = NowSeconds();
+  for (uint64_t done = 0; done < total; done += chunk) std::memcpy(dst.data(), buf.data(), chunk);
+  const double memcpy_s = std::max(1e-9, NowSeconds() - m0);
+  const double gbps = double(total) * 8 / seconds / 1e9;
+  const json out = {{"target", target}, {"loopback", connect.empty()}, {"bytes", total}, {"seconds", seconds},
+                    {"gbps", gbps}, {"shaped_gbps", shape_gbps}, {"memcpy_gbps", double(total) * 8 / memcpy_s / 1e9}};
+  if (as_json) {
+    std::printf("%s\n", out.dump(1).c_str());
+  } else {
+    std::printf("link to %s: %.2f Gbit/s over %.0f MiB (%s; memcpy %.1f Gbit/s)\n", target.c_str(), gbps, double(mib),
+                shape_gbps > 0 ? ("shaped in-process to " + json(shape_gbps).dump() + " Gbit/s").c_str() : "unshaped",
+                out["memcpy_gbps"].get<double>());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AddServeCommands(CLI::App& app) {
+  {
+    CLI::App* bench = app.add_subcommand("bench", "Serving benchmarks: the link, end to end");
+    bench->require_subcommand(1);
+    auto* c = bench->add_subcommand("link", "Throughput the transport reaches over a link (the ceiling to report)");
+    auto listen = std::make_shared<std::string>();
+    auto connect = std::make_shared<std::string>();
+    auto mib = std::make_shared<uint32_t>(256);
+    auto shape = std::make_shared<double>(0);
+    auto as_json = std::make_shared<bool>(false);
+    auto* l = c->add_option("--listen", *listen, "be the receiving end on host:port");
+    c->add_option("--connect", *connect, "be the sending end, to host:port")->excludes(l);
+    c->add_option("--mib", *mib, "MiB to send")->capture_default_str()->check(InRange(4, 1 << 16));
+    c->add_option("--shape-gbps", *shape, "pace with the in-process token bucket (0: off)")->capture_default_str()->check(InRange(0, 1e4));
+    c->add_flag("--json", *as_json, "machine-readable output");
+    SetAction(c, [=]() { return RunBenchLink(*listen, *connect, *mib, *shape, *as_json); });
+  }
   CLI::App* serve = app.add_subcommand("serve", "PD-separated serving processes: decode node, prefill node, router");
   serve->require_subcommand(1);
   const auto levels = CLI::IsMember({"quiet", "info", "debug"});

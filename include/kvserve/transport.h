@@ -59,7 +59,7 @@ class Listener {
 // sharing it waits its turn at `gbps`, as one shaped link would make it.
 class LinkShaper {
  public:
-  explicit LinkShaper(double gbps, uint64_t burst_bytes = 256 << 10);
+  explicit LinkShaper(double gbps, uint64_t burst_bytes = 1 << 20);
   // Blocks until `bytes` may go on the link.
   void Take(uint64_t bytes);
   double gbps() const { return gbps_; }

@@ -92,7 +92,7 @@ class TcpConnection final : public Connection {
     std::memcpy(header + 8, &len, 8);
     KV_RETURN_IF_ERROR(WriteAll(header, kHeader, deadline));
     // Shaped in slices so one large frame does not hold the link past its share of time.
-    constexpr size_t kSlice = 64 << 10;
+    constexpr size_t kSlice = 256 << 10;
     for (size_t at = 0; at < body.size(); at += kSlice) {
       const size_t n = std::min(kSlice, body.size() - at);
       if (opts_.shaper != nullptr) opts_.shaper->Take(n);

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# A real, kernel-shaped link between two network namespaces, for serving benchmarks and tests:
+#   scripts/netns-link.sh up RATE_GBIT [DELAY_MS [JITTER_MS]]   build it (replacing an old one)
+#   scripts/netns-link.sh down                                   remove it (always safe to run)
+#   scripts/netns-link.sh run RATE_GBIT [DELAY_MS [JITTER_MS]] -- CMD...
+#                                   build it, run CMD (which uses `ip netns exec`), tear it down
+#                                   whatever CMD does — also on error or Ctrl-C
+# Namespaces kvs-a (10.77.0.1) and kvs-b (10.77.0.2) are joined by a veth pair; each end is
+# shaped with tbf at RATE (and netem delay/jitter when given). KVSERVE_NETNS_PREFIX renames the
+# pair (tests use their own). Needs CAP_NET_ADMIN: without it, says so and exits 77 (skip).
+set -euo pipefail
+prefix="${KVSERVE_NETNS_PREFIX:-kvs}"
+a="${prefix}-a" b="${prefix}-b"
+
+usage() { sed -n '2,10p' "$0" >&2; exit 2; }
+
+have_privilege() {
+  local probe="${prefix}-probe$$"
+  if ip netns add "$probe" 2> /dev/null; then
+    ip netns del "$probe"
+    return 0
+  fi
+  return 1
+}
+
+down() {
+  ip netns del "$a" 2> /dev/null || true
+  ip netns del "$b" 2> /dev/null || true
+}
+
+up() {
+  local rate="$1" delay="${2:-0}" jitter="${3:-0}"
+  [[ "$rate" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "netns-link: RATE '$rate' is not a number of Gbit/s" >&2; exit 2; }
+  [[ "$delay" =~ ^[0-9]+([.][0-9]+)?$ && "$jitter" =~ ^[0-9]+([.][0-9]+)?$ ]] ||
+    { echo "netns-link: DELAY and JITTER are milliseconds" >&2; exit 2; }
+  down
+  # Whatever fails below, nothing half-built stays behind.
+  trap 'rc=$?; down; exit $rc' ERR
+  ip netns add "$a"
+  ip netns add "$b"
+  ip link add "${prefix}-va" netns "$a" type veth peer name "${prefix}-vb" netns "$b"
+  ip -n "$a" addr add 10.77.0.1/24 dev "${prefix}-va"
+  ip -n "$b" addr add 10.77.0.2/24 dev "${prefix}-vb"
+  for ns in "$a" "$b"; do
+    ip -n "$ns" link set lo up
+  done
+  ip -n "$a" link set "${prefix}-va" up
+  ip -n "$b" link set "${prefix}-vb" up
+  # tbf: the rate, a burst of at least one 64 KiB GSO segment, and a queue of ~50 ms at the rate.
+  local rate_kbit burst limit
+  rate_kbit=$(awk -v r="$rate" 'BEGIN { printf "%d", r * 1000000 }')
+  burst=$(awk -v r="$rate" 'BEGIN { b = r * 1e9 / 8 / 250; if (b < 262144) b = 262144; printf "%d", b }')
+  limit=$(awk -v r="$rate" 'BEGIN { l = r * 1e9 / 8 * 0.05; if (l < 1048576) l = 1048576; printf "%d", l }')
+  for pair in "$a ${prefix}-va" "$b ${prefix}-vb"; do
+    set -- $pair
+    if awk -v d="$delay" 'BEGIN { exit !(d > 0) }'; then
+      if ! tc -n "$1" qdisc add dev "$2" root handle 1: netem delay "${delay}ms" "${jitter}ms" 2> /dev/null; then
+        down
+        echo "netns-link: skipped: this kernel has no netem qdisc (sch_netem), so DELAY/JITTER cannot be shaped; use DELAY 0" >&2
+        exit 77
+      fi
+      tc -n "$1" qdisc add dev "$2" parent 1:1 handle 10: tbf rate "${rate_kbit}kbit" burst "$burst" limit "$limit"
+    else
+      tc -n "$1" qdisc add dev "$2" root tbf rate "${rate_kbit}kbit" burst "$burst" limit "$limit"
+    fi
+  done
+  trap - ERR
+  echo "netns-link: $a (10.77.0.1) <-> $b (10.77.0.2) at ${rate} Gbit/s, delay ${delay} ms, jitter ${jitter} ms"
+}
+
+[ $# -ge 1 ] || usage
+cmd="$1"
+shift
+if ! have_privilege; then
+  echo "netns-link: skipped: creating network namespaces needs CAP_NET_ADMIN (run as root, or use the in-process shaper: --shape-gbps)" >&2
+  exit 77
+fi
+case "$cmd" in
+  up) [ $# -ge 1 ] || usage; up "$@" ;;
+  down) down ;;
+  run)
+    args=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+    [ $# -ge 2 ] || usage
+    shift
+    trap down EXIT INT TERM
+    up "${args[@]}"
+    "$@"
+    ;;
+  *) usage ;;
+esac
