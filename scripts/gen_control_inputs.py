@@ -54,3 +54,16 @@ with open(os.path.join(workloads, "mixed.csv"), "w") as f:
     f.write("# 200 requests, Poisson 1/s; labels chat (floor 0.97), retrieval (0.99), summarize (0.96)\n")
     f.write("arrival_s,prompt_tokens,label,slo_ms,floor\n")
     f.write("\n".join(lines) + "\n")
+
+# Long prompts for the end-to-end benchmark (bench e2e --workload): 2k-8k tokens, short outputs;
+# the arrival times here are for the simulator, bench e2e draws its own at the offered load.
+rng = random.Random(8)
+lines, t = [], 0.0
+for i in range(64):
+    t += rng.expovariate(0.5)
+    tokens = rng.choice([2048, 3072, 4096, 6144, 8192])
+    lines.append(f"{t:.3f},{tokens},summarize,{tokens / 20.0 + 2000:.0f},0.97")
+with open(os.path.join(workloads, "long_prompt.csv"), "w") as f:
+    f.write("# 64 requests, Poisson 0.5/s; prompts of 2k-8k tokens (long-context summarisation), floor 0.97\n")
+    f.write("arrival_s,prompt_tokens,label,slo_ms,floor\n")
+    f.write("\n".join(lines) + "\n")

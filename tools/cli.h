@@ -62,5 +62,6 @@ void AddModelCommands(CLI::App& app);
 void AddProfileCommands(CLI::App& app);
 void AddControlCommands(CLI::App& app);
 void AddServeCommands(CLI::App& app);
+void AddBenchE2eCommand(CLI::App& bench);
 
 }  // namespace kvserve::cli

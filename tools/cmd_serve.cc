@@ -334,6 +334,7 @@ void AddServeCommands(CLI::App& app) {
     c->add_option("--shape-gbps", *shape, "pace with the in-process token bucket (0: off)")->capture_default_str()->check(InRange(0, 1e4));
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() { return RunBenchLink(*listen, *connect, *mib, *shape, *as_json); });
+    AddBenchE2eCommand(*bench);
   }
   CLI::App* serve = app.add_subcommand("serve", "PD-separated serving processes: decode node, prefill node, router");
   serve->require_subcommand(1);

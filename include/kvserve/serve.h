@@ -54,8 +54,25 @@ struct NodeMetrics {
   std::string Prometheus(const std::string& node) const;
 };
 
+// Stands in for GPU prefill and decode of a production model whose KV has this shape: the KV
+// is synthetic (kv/synth.h, fp16) and compute is time at these rates. The codec, the transport
+// and the link are real. Defaults: Llama-3-8B (32 layers, 8 KV heads, head_dim 128: 128 KiB of
+// fp16 KV per token) on one H100 SXM, from its datasheet: prefill is compute-bound, 2 x 8e9
+// FLOP per token at 40% of 989 dense BF16 TFLOP/s = ~25,000 tokens/s, one prompt at a time;
+// decode is memory-bound, 16 GB of weights per step at 3.35 TB/s = ~200 tokens/s per request.
+struct SyntheticModel {
+  std::string name = "llama3-8b";
+  uint32_t n_layer = 32, n_head_kv = 8, head_dim = 128;
+  double prefill_tokens_per_second = 25000;
+  double decode_tokens_per_second = 200;
+  uint64_t kv_bytes_per_token() const { return uint64_t{2} * 2 * n_layer * n_head_kv * head_dim; }
+};
+// "llama3-8b" (the default above); errors name the text.
+Result<SyntheticModel> SyntheticModelByName(const std::string& name);
+
 struct DecodeNodeOptions {
   const LlamaModel* model = nullptr;
+  const SyntheticModel* synthetic = nullptr;  // instead of `model`: KV checked, then generation time
   CodecEnv env;
   double request_timeout_s = 30;  // a request whose frames stop arriving fails after this
 };
@@ -87,6 +104,7 @@ class DecodeNode {
 
 struct PrefillNodeOptions {
   const LlamaModel* model = nullptr;
+  const SyntheticModel* synthetic = nullptr;  // instead of `model`: synthetic KV, prefill time
   CodecEnv env;
   std::vector<std::string> decode_peers;  // tried in turn from a rotating start; a dead one is skipped
   const Profile* profile = nullptr;       // adaptive choice over its Pareto set; null: `strategy`
@@ -106,6 +124,8 @@ class PrefillNode {
  public:
   static Result<std::unique_ptr<PrefillNode>> Create(Transport* transport, PrefillNodeOptions opts);
   Result<ServeResponse> Serve(const ServeRequest& request);
+  // With a synthetic model: makes the KV of an n_token prompt now, so that serving does not.
+  Status Prepare(uint32_t n_token);
   const NodeMetrics& metrics() const { return metrics_; }
   double bandwidth_estimate_gbps() const;
 
@@ -118,7 +138,9 @@ class PrefillNode {
     Request request;
     bool adaptive = false;
   };
-  Choice Choose(const ServeRequest& req, double kv_fp16_bytes, double model_seconds);
+  Choice Choose(const ServeRequest& req, double kv_bytes, double model_seconds);
+  // The synthetic KV of an n_token prompt (made once per length, reused).
+  Result<std::shared_ptr<const KvBlock>> SyntheticKv(uint32_t n_token);
   Status Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv, const std::vector<float>& scores,
                   const std::string& spec, int first_token, ServeResponse* out);
   Transport* transport_;
@@ -128,6 +150,7 @@ class PrefillNode {
   BandwidthEstimator estimator_;
   std::atomic<uint64_t> next_peer_{0}, frames_sent_{0};
   NodeMetrics metrics_;
+  std::mutex compute_mu_;  // synthetic prefill: one prompt at a time, as on one GPU
 };
 
 // JSON bodies of the HTTP API and the wire messages (one place, so both ends agree).

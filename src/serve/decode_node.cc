@@ -1,6 +1,7 @@
 // Decode node: receives a request's KV as per-layer frames, decodes each on arrival into the
 // request's cache, asks once for layers whose frames failed verification, then generates.
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "kvserve/codec.h"
 #include "kvserve/frame.h"
@@ -14,13 +15,47 @@ using serve_internal::Seconds;
 using serve_internal::SendJson;
 
 namespace {
+// Greedy generation exactly as LlamaEngine::Generate continues after its prompt: from the
+// prefill node's first token, over the transferred prompt KV.
+Result<std::vector<int>> GenerateAfterPrefix(const LlamaModel& model, const KvBlock& kv, uint32_t prompt_len,
+                                             int first_token, uint32_t max_new) {
+  const LlamaConfig& cfg = model.config;
+  KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(cfg));
+  KV_RETURN_IF_ERROR(cache.LoadPrefix(kv, prompt_len));
+  LlamaEngine engine(model);
+  std::vector<float> logits(cfg.vocab_size);
+  std::vector<int> out = {first_token};
+  int tok = first_token;
+  while (out.size() < max_new && cache.next_pos < cfg.seq_len) {
+    KV_RETURN_IF_ERROR(engine.Forward(&tok, 1, &cache, logits.data(), true));
+    if (cache.next_pos >= cfg.seq_len) break;
+    tok = int(Argmax(logits.data(), cfg.vocab_size));
+    out.push_back(tok);
+  }
+  return out;
+}
+
+// Generation of the synthetic stand-in: time at the decode rate (the first token came from prefill).
+Result<std::vector<int>> SyntheticTokens(const SyntheticModel& m, int first_token, uint32_t max_new) {
+  std::this_thread::sleep_for(std::chrono::duration<double>((max_new - 1) / m.decode_tokens_per_second));
+  std::vector<int> out(max_new, 0);
+  out[0] = first_token;
+  return out;
+}
 }  // namespace
+
+Result<SyntheticModel> SyntheticModelByName(const std::string& name) {
+  if (name == "llama3-8b") return SyntheticModel{};
+  return Status::InvalidArgument("kv shape '" + name + "' is not known (known: llama3-8b)");
+}
 
 DecodeNode::DecodeNode(Transport* transport, DecodeNodeOptions opts) : transport_(transport), opts_(std::move(opts)) {}
 DecodeNode::~DecodeNode() { Stop(); }
 
 Status DecodeNode::Start(const std::string& listen_address) {
-  if (opts_.model == nullptr) return Status::InvalidArgument("decode node needs a model");
+  if ((opts_.model == nullptr) == (opts_.synthetic == nullptr)) {
+    return Status::InvalidArgument("decode node needs a model or a synthetic model (one of them)");
+  }
   KV_ASSIGN_OR_RETURN(listener_, transport_->Listen(listen_address));
   port_ = listener_->port();
   acceptor_ = std::thread([this] { AcceptLoop(); });
@@ -50,8 +85,13 @@ void DecodeNode::AcceptLoop() {
 
 // One connection, one request at a time; the connection ends when the peer closes it.
 void DecodeNode::Serve(std::unique_ptr<Connection> c) {
-  const LlamaModel& model = *opts_.model;
-  const LlamaConfig& cfg = model.config;
+  const SyntheticModel* synth = opts_.synthetic;
+  // What the KV must look like: the model's, or the synthetic stand-in's.
+  const uint32_t n_layer = synth ? synth->n_layer : opts_.model->config.n_layer;
+  const uint32_t n_head_kv = synth ? synth->n_head_kv : opts_.model->config.n_head_kv;
+  const uint32_t head_dim = synth ? synth->head_dim : opts_.model->config.head_dim();
+  const uint32_t seq_len = synth ? (1u << 30) : opts_.model->config.seq_len;
+  const uint32_t vocab = synth ? (1u << 30) : opts_.model->config.vocab_size;
   while (!stopping_) {
     auto first = c->Receive(DeadlineIn(opts_.request_timeout_s * 4));
     if (!first.ok()) break;  // closed or idle: nothing in flight
@@ -76,10 +116,10 @@ void DecodeNode::Serve(std::unique_ptr<Connection> c) {
         break;
       }
       id = j["id"].get<uint64_t>();
-      max_new = uint32_t(std::min<uint64_t>(j["max_new_tokens"].get<uint64_t>(), cfg.seq_len));
+      max_new = uint32_t(std::min<uint64_t>(j["max_new_tokens"].get<uint64_t>(), seq_len));
       first_token = j["first_token"].get<int>();
       prompt_len = uint32_t(std::min<uint64_t>(j["prompt_len"].get<uint64_t>(), uint64_t{1} << 31));
-      if (first_token < 0 || uint32_t(first_token) >= cfg.vocab_size || prompt_len == 0 || prompt_len >= cfg.seq_len) {
+      if (first_token < 0 || uint32_t(first_token) >= vocab || prompt_len == 0 || prompt_len >= seq_len) {
         fail(Status::InvalidArgument("request " + std::to_string(id) + ": first token or prompt length out of range"));
         break;
       }
@@ -111,12 +151,12 @@ void DecodeNode::Serve(std::unique_ptr<Connection> c) {
           }
           const FrameHeader& h = v->header;
           const uint32_t kept = h.has_positions ? uint32_t(h.positions.size()) : h.shape.n_token;
-          if (h.request_id != id || h.n_layer_total != cfg.n_layer || h.shape.n_head_kv != cfg.n_head_kv ||
-              h.shape.head_dim != cfg.head_dim() || h.shape.n_token != prompt_len) {
+          if (h.request_id != id || h.n_layer_total != n_layer || h.shape.n_head_kv != n_head_kv ||
+              h.shape.head_dim != head_dim || h.shape.n_token != prompt_len) {
             st = Status::InvalidArgument("request " + std::to_string(id) + ": frame does not fit this model's KV");
             break;
           }
-          auto made = KvBlock::Create(KvShape{cfg.n_layer, cfg.n_head_kv, kept, cfg.head_dim()}, DType::kF32);
+          auto made = KvBlock::Create(KvShape{n_layer, n_head_kv, kept, head_dim}, synth ? DType::kF16 : DType::kF32);
           if (!made.ok()) {
             st = made.status();
             break;
@@ -133,7 +173,7 @@ void DecodeNode::Serve(std::unique_ptr<Connection> c) {
         }
       } else if (m->kind == MessageKind::kEnd) {
         std::vector<uint32_t> missing;
-        for (uint32_t l = 0; l < cfg.n_layer; ++l)
+        for (uint32_t l = 0; l < n_layer; ++l)
           if (assembler == nullptr || !assembler->has_layer(l)) missing.push_back(l);
         if (missing.empty()) {
           done = true;
@@ -154,31 +194,18 @@ void DecodeNode::Serve(std::unique_ptr<Connection> c) {
       else metrics_.errors++;
       break;
     }
-    // Generate exactly as LlamaEngine::Generate does after its prompt, from the prefill node's
-    // first token, over the transferred KV.
     const Clock::time_point g0 = Clock::now();
-    std::vector<int> out = {first_token};
-    auto cache = KvCache::Create(cfg);
-    Status gen = cache.ok() ? cache->LoadPrefix(kv, prompt_len) : cache.status();
-    LlamaEngine engine(model);
-    std::vector<float> logits(cfg.vocab_size);
-    int tok = first_token;
-    while (gen.ok()) {
-      if (out.size() >= max_new || cache->next_pos >= cfg.seq_len) break;
-      gen = engine.Forward(&tok, 1, &cache.value(), logits.data(), true);
-      if (!gen.ok() || !(out.size() < max_new && cache->next_pos < cfg.seq_len)) break;
-      tok = int(Argmax(logits.data(), cfg.vocab_size));
-      out.push_back(tok);
-    }
-    if (!gen.ok()) {
-      fail(gen);
+    auto out = synth ? SyntheticTokens(*synth, first_token, max_new)
+                     : GenerateAfterPrefix(*opts_.model, kv, prompt_len, first_token, max_new);
+    if (!out.ok()) {
+      fail(out.status());
       break;
     }
     metrics_.requests++;
     metrics_.wire_bytes += wire_bytes;
     metrics_.decode_us += uint64_t(decode_s * 1e6);
     const json result = {{"id", id},
-                         {"tokens", out},
+                         {"tokens", out.value()},
                          {"decode_s", decode_s},
                          {"transfer_s", Seconds(t0, g0)},
                          {"generate_s", Seconds(g0, Clock::now())}};

@@ -6,8 +6,10 @@
 #include <deque>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "kvserve/codec.h"
+#include "kvserve/synth.h"
 #include "kvserve/serve.h"
 #include "serve/wire.h"
 
@@ -53,22 +55,46 @@ class FrameQueue {
 };
 }  // namespace
 
+Result<std::shared_ptr<const KvBlock>> PrefillNode::SyntheticKv(uint32_t n_token) {
+  // One process-wide cache: every node of a benchmark shares the blocks, made before timing
+  // by Prepare so that synthesis never counts as serving time.
+  static std::mutex mu;
+  static std::vector<std::pair<std::pair<KvShape, uint32_t>, std::shared_ptr<const KvBlock>>> cache;
+  const SyntheticModel& m = *opts_.synthetic;
+  const KvShape shape{m.n_layer, m.n_head_kv, n_token, m.head_dim};
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [key, kv] : cache)
+    if (key.first == shape) return kv;
+  KV_ASSIGN_OR_RETURN(KvBlock kv, SynthesizeKv(shape, SynthOptions{.seed = n_token, .dtype = DType::kF16, .pool = opts_.pool}));
+  if (cache.size() >= 8) cache.erase(cache.begin());  // a few prompt lengths at a time
+  cache.push_back({{shape, n_token}, std::make_shared<const KvBlock>(std::move(kv))});
+  return cache.back().second;
+}
+
+Status PrefillNode::Prepare(uint32_t n_token) {
+  if (opts_.synthetic == nullptr) return Status::Ok();
+  return SyntheticKv(n_token).status();
+}
+
 PrefillNode::PrefillNode(Transport* transport, PrefillNodeOptions opts)
     : transport_(transport), opts_(std::move(opts)) {}
 
 Result<std::unique_ptr<PrefillNode>> PrefillNode::Create(Transport* transport, PrefillNodeOptions opts) {
-  if (opts.model == nullptr) return Status::InvalidArgument("prefill node needs a model");
+  if ((opts.model == nullptr) == (opts.synthetic == nullptr)) {
+    return Status::InvalidArgument("prefill node needs a model or a synthetic model (one of them)");
+  }
   if (opts.decode_peers.empty()) return Status::InvalidArgument("prefill node needs at least one decode peer");
   if (!(opts.assume_gbps > 0)) return Status::InvalidArgument("assume_gbps must be positive");
   KV_ASSIGN_OR_RETURN(opts.strategy, CanonicalStrategy(opts.strategy));
   std::unique_ptr<PrefillNode> n(new PrefillNode(transport, std::move(opts)));
   if (n->opts_.profile != nullptr) {
-    // Profiles measure ratio and speed against fp16 KV; this node ships the model's f32 KV, so
-    // per raw byte every ratio and speed is twice the profiled one.
+    // Profiles measure ratio and speed against fp16 KV. A real model's node ships its f32 KV,
+    // so per raw byte every ratio and speed is twice the profiled one; synthetic KV is fp16.
+    const double per_fp16 = n->opts_.synthetic ? 1.0 : 2.0;
     std::vector<StrategyCost> s = StrategiesFromProfile(*n->opts_.profile);
-    for (StrategyCost& c : s) c.ratio *= 2, c.encode_Bps *= 2, c.decode_Bps *= 2;
+    for (StrategyCost& c : s) c.ratio *= per_fp16, c.encode_Bps *= per_fp16, c.decode_Bps *= per_fp16;
     ControllerOptions co = n->opts_.controller;
-    co.n_layer = n->opts_.model->config.n_layer;
+    co.n_layer = n->opts_.synthetic ? n->opts_.synthetic->n_layer : n->opts_.model->config.n_layer;
     co.pipelined = true;
     n->controller_ = std::make_unique<Controller>(std::move(s), co);
   }
@@ -199,41 +225,52 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
 
 Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {
   const Clock::time_point t0 = Clock::now();
-  const LlamaModel& model = *opts_.model;
-  const LlamaConfig& cfg = model.config;
   if (req.prompt.empty()) return Status::InvalidArgument("empty prompt");
-  if (req.prompt.size() >= cfg.seq_len) {
-    return Status::OutOfRange("prompt of " + std::to_string(req.prompt.size()) + " tokens does not fit the context of " +
-                              std::to_string(cfg.seq_len));
-  }
-  for (int t : req.prompt) {
-    if (t < 0 || uint32_t(t) >= cfg.vocab_size) {
-      return Status::InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary of " +
-                                     std::to_string(cfg.vocab_size));
-    }
-  }
   if (req.max_new_tokens < 1) return Status::InvalidArgument("max_new_tokens must be at least 1");
-  metrics_.requests++;
   ServeResponse out;
   out.id = req.id;
-  // Prefill, capturing the attention token-selecting strategies rank by.
   const uint32_t n = uint32_t(req.prompt.size());
-  LlamaEngine engine(model);
-  KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(cfg));
-  std::vector<float> logits(cfg.vocab_size);
-  AttentionCapture cap;
-  cap.window = std::min<uint32_t>(32, n);
-  KV_RETURN_IF_ERROR(engine.Forward(req.prompt.data(), n, &cache, logits.data(), true, &cap));
   std::vector<float> scores(n, 0.0f);
-  for (size_t row = 0; cap.n_prompt && row < cap.probs.size() / cap.n_prompt; ++row)
-    for (uint32_t j = 0; j < n; ++j) scores[j] += cap.probs[row * cap.n_prompt + j];
-  const int first_token = int(Argmax(logits.data(), cfg.vocab_size));
-  KV_ASSIGN_OR_RETURN(KvBlock kv, cache.Prefix(n, DType::kF32));
-  const Clock::time_point t1 = Clock::now();
-  out.timings.prefill_s = Seconds(t0, t1);
-  out.kv_bytes = kv.bytes();
-
-  const Choice choice = Choose(req, double(kv.bytes()), out.timings.prefill_s);
+  int first_token = 0;
+  std::shared_ptr<const KvBlock> kv;
+  if (opts_.synthetic != nullptr) {
+    KV_ASSIGN_OR_RETURN(kv, SyntheticKv(n));
+    // One prompt at a time, as on one GPU: the wait is the request's queueing.
+    std::unique_lock<std::mutex> gpu(compute_mu_);
+    const Clock::time_point started = Clock::now();
+    out.timings.queue_s = Seconds(t0, started);
+    std::this_thread::sleep_for(std::chrono::duration<double>(n / opts_.synthetic->prefill_tokens_per_second));
+    out.timings.prefill_s = Seconds(started, Clock::now());
+  } else {
+    const LlamaModel& model = *opts_.model;
+    const LlamaConfig& cfg = model.config;
+    if (n >= cfg.seq_len) {
+      return Status::OutOfRange("prompt of " + std::to_string(n) + " tokens does not fit the context of " +
+                                std::to_string(cfg.seq_len));
+    }
+    for (int t : req.prompt) {
+      if (t < 0 || uint32_t(t) >= cfg.vocab_size) {
+        return Status::InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary of " +
+                                       std::to_string(cfg.vocab_size));
+      }
+    }
+    // Prefill, capturing the attention token-selecting strategies rank by.
+    LlamaEngine engine(model);
+    KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(cfg));
+    std::vector<float> logits(cfg.vocab_size);
+    AttentionCapture cap;
+    cap.window = std::min<uint32_t>(32, n);
+    KV_RETURN_IF_ERROR(engine.Forward(req.prompt.data(), n, &cache, logits.data(), true, &cap));
+    for (size_t row = 0; cap.n_prompt && row < cap.probs.size() / cap.n_prompt; ++row)
+      for (uint32_t j = 0; j < n; ++j) scores[j] += cap.probs[row * cap.n_prompt + j];
+    first_token = int(Argmax(logits.data(), cfg.vocab_size));
+    KV_ASSIGN_OR_RETURN(KvBlock prefix, cache.Prefix(n, DType::kF32));
+    kv = std::make_shared<const KvBlock>(std::move(prefix));
+    out.timings.prefill_s = Seconds(t0, Clock::now());
+  }
+  metrics_.requests++;
+  out.kv_bytes = kv->bytes();
+  const Choice choice = Choose(req, double(kv->bytes()), out.timings.queue_s + out.timings.prefill_s);
   out.strategy = choice.spec;
   out.explanation = choice.explanation;
   // Decode peers in turn from a rotating start; one that cannot be reached, or that drops the
@@ -249,7 +286,7 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {
       last = conn.status();
       continue;
     }
-    last = Transfer(conn.value().get(), req, kv, scores, choice.spec, first_token, &attempt);
+    last = Transfer(conn.value().get(), req, *kv, scores, choice.spec, first_token, &attempt);
     conn.value()->Close();
     if (last.ok()) {
       out = std::move(attempt);
@@ -273,7 +310,8 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {
     const double now = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
     // What the link carried and how long the sends took: a throughput sample for the estimator.
     if (out.timings.wire_s > 0) estimator_.AddSample(double(out.wire_bytes), out.timings.wire_s, now);
-    if (choice.adaptive) controller_->Observe(choice.decision, choice.request, out.timings.prefill_s + out.timings.transfer_s);
+    if (choice.adaptive) controller_->Observe(choice.decision, choice.request,
+                                              out.timings.queue_s + out.timings.prefill_s + out.timings.transfer_s);
   }
   return out;
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -166,6 +167,36 @@ TEST(ServeCli, CorruptingFaultInjectionIsDetectedAndResent) {
   ASSERT_EQ(got.status, 200) << got.body.dump();
   EXPECT_GE(got.body["resent_layers"].get<int>(), 1);
   EXPECT_EQ(got.body["tokens"], want.body["tokens"]);
+}
+
+}  // namespace
+
+namespace {
+
+// The end-to-end benchmark, small: one measured bandwidth and one far above any loopback link
+// (modelled, and labelled so), every policy, the JSON the issue names.
+TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
+  auto r = kvserve::testing::Cli(
+      "bench e2e --bandwidths 2,5000 --requests 3 --prompt-tokens 128 --max-new 2 --static uniform8,kivi2 --json 2>/dev/null", "",
+      300);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["mode"], "pd");
+  EXPECT_EQ(j["kv_shape"], "llama3-8b");
+  EXPECT_EQ(j["kv_bytes_per_token"], 131072);
+  EXPECT_GT(j["link_ceiling_gbps"].get<double>(), 0);
+  std::set<std::string> policies;
+  for (const json& p : j["points"]) {
+    policies.insert(p["policy"].get<std::string>());
+    EXPECT_EQ(p["measured"].get<bool>(), p["gbps"].get<double>() == 2) << p.dump();
+    for (const char* k : {"mean_ms", "p50_ms", "p99_ms", "ttft_p99_ms", "slo_attainment", "wire_bytes", "quality"})
+      EXPECT_TRUE(p.contains(k)) << k;
+    EXPECT_GT(p["mean_ms"].get<double>(), 0) << p.dump();
+    EXPECT_EQ(p["errors"], 0) << p.dump();
+  }
+  EXPECT_EQ(policies, (std::set<std::string>{"none", "adaptive", "static:uniform8", "static:kivi2"}));
+  for (const char* k : {"sum_ms", "max_ms", "observed_ms"}) EXPECT_GT(j["pipelining"][k].get<double>(), 0) << k;
 }
 
 }  // namespace

@@ -1,0 +1,423 @@
+// CLI: `bench e2e --mode pd` — the whole PD path (prefill node, controller, per-layer streaming
+// over TCP through a shaped link, decode node) across bandwidths and policies, with Poisson or
+// burst arrivals. Points the machine's link cannot carry are given by the simulator, labelled.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <future>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "cli.h"
+#include "control/simulator.h"
+#include "kvserve/file.h"
+#include "kvserve/profile.h"
+#include "kvserve/serve.h"
+
+namespace kvserve::cli {
+namespace {
+
+using json = nlohmann::json;
+
+struct E2eFlags {
+  std::string mode = "pd", kv_shape = "llama3-8b", arrival = "poisson", workload;
+  std::string profile = SourceDir() + "/bench/profiles/default.json";
+  std::string table = SourceDir() + "/docs/results/table_babyllama105.json";
+  std::string svg, json_out;
+  std::vector<double> bandwidths = {1, 2, 5, 10};
+  std::vector<std::string> statics = {"uniform8", "kivi2", "cachegen", "mixhq4"};
+  uint32_t requests = 24, prompt_tokens = 2048, max_new = 16;
+  double load = 0.9, slo_ms = 2000, floor = 0.97, prefill_tps = 25000, decode_tps = 200;
+  int threads = 2;
+  uint64_t seed = 1;
+  bool quick = false, as_json = false;
+};
+
+struct Policy {
+  std::string name;  // "none", "adaptive", "static:NAME"
+  std::string spec;  // fixed strategy ("" for adaptive)
+  double quality = 1, ratio = 1, encode_gbps = 0, decode_gbps = 0;
+};
+
+struct Point {
+  double gbps = 0;
+  std::string policy;
+  bool measured = true;
+  double mean_ms = 0, p50_ms = 0, p99_ms = 0, ttft_p99_ms = 0, slo_attainment = 0, goodput = 0, quality = 1;
+  double wire_bytes = 0, compute_share = 0;
+  uint32_t floor_violations = 0, errors = 0;
+  std::map<std::string, uint32_t> choices;
+};
+
+double Pct(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
+}
+
+// Measured: every request through the real nodes, on a link shaped to `gbps` in process.
+Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
+                          const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
+  LinkShaper shaper(gbps);
+  auto transport = MakeTcpTransport({.shaper = &shaper});
+  DecodeNode decode(transport.get(), DecodeNodeOptions{.synthetic = &sm, .request_timeout_s = 600});
+  KV_RETURN_IF_ERROR(decode.Start("127.0.0.1:0"));
+  PrefillNodeOptions o;
+  o.synthetic = &sm;
+  o.decode_peers = {"127.0.0.1:" + std::to_string(decode.port())};
+  o.profile = pol.spec.empty() ? &profile : nullptr;
+  o.strategy = pol.spec.empty() ? "none" : pol.spec;
+  o.assume_gbps = gbps;  // what a probe of the link would say before the first transfer
+  o.request_timeout_s = 600;
+  o.pool = Pool(f.threads);
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefillNode> prefill, PrefillNode::Create(transport.get(), o));
+  std::map<std::string, double> quality_of;
+  for (const ProfileEntry& e : profile.pareto) quality_of[e.spec] = e.quality;
+  for (uint32_t n : prompts) KV_RETURN_IF_ERROR(prefill->Prepare(n));
+  std::vector<std::future<Result<ServeResponse>>> futures;
+  const auto start = Clock::now();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+    futures.push_back(std::async(std::launch::async, [&, i] {
+      ServeRequest r;
+      r.id = i + 1;
+      r.prompt.assign(prompts[i], 1);
+      r.max_new_tokens = f.max_new;
+      r.slo_ms = f.slo_ms;
+      r.floor = f.floor;
+      auto out = prefill->Serve(r);
+      if (out.ok()) {
+        // JCT from the scheduled arrival (the driver may start a thread a little late).
+        const double done = std::chrono::duration<double>(Clock::now() - start).count();
+        out->timings.total_s = done - arrivals[i];
+      }
+      return out;
+    }));
+  }
+  Point p;
+  p.gbps = gbps;
+  p.policy = pol.name;
+  std::vector<double> jct, ttft;
+  double compute = 0, total = 0, q = 0;
+  uint32_t ok_slo = 0;
+  for (auto& fu : futures) {
+    auto r = fu.get();
+    if (!r.ok()) {
+      p.errors++;
+      std::fprintf(stderr, "bench e2e: %s\n", r.status().ToString().c_str());
+      continue;
+    }
+    const StageTimings& t = r->timings;
+    jct.push_back(t.total_s * 1e3);
+    const double first = (t.total_s - t.generate_s) * 1e3;  // KV ready at the decode node
+    ttft.push_back(first);
+    ok_slo += first <= f.slo_ms;
+    compute += t.prefill_s + t.generate_s;
+    total += t.total_s;
+    p.wire_bytes += double(r->wire_bytes);
+    const double rq = r->strategy == "none" ? 1.0 : pol.spec.empty() ? quality_of[r->strategy] : pol.quality;
+    q += rq;
+    p.floor_violations += rq < f.floor;
+    p.choices[r->strategy == "none" ? "none" : ShortSpec(r->strategy)]++;
+  }
+  decode.Stop();
+  if (jct.empty()) return Status::Unavailable("every request of " + pol.name + " at " + json(gbps).dump() + " Gbit/s failed");
+  double sum = 0;
+  for (double v : jct) sum += v;
+  p.mean_ms = sum / jct.size();
+  p.p50_ms = Pct(jct, 0.5);
+  p.p99_ms = Pct(jct, 0.99);
+  p.ttft_p99_ms = Pct(ttft, 0.99);
+  p.slo_attainment = double(ok_slo) / prompts.size();
+  const double span = arrivals.back() + p.mean_ms / 1e3;
+  p.goodput = ok_slo / std::max(1e-9, span);
+  p.quality = q / jct.size();
+  p.compute_share = compute / std::max(1e-12, total);
+  return p;
+}
+
+// Modelled: the simulator's prediction from the measured stage speeds, for links above what
+// this machine carries.
+Result<Point> RunModelled(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
+                          const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
+  std::vector<StrategyCost> costs;
+  std::string policy = pol.name;
+  if (pol.name == "adaptive") {
+    costs = StrategiesFromProfile(profile);
+  } else if (pol.name != "none") {
+    costs = {{pol.spec, pol.name, pol.quality, pol.ratio, pol.encode_gbps * 1e9, pol.decode_gbps * 1e9}};
+    policy = "static:" + pol.spec;
+  }
+  std::vector<WorkloadRequest> w;
+  for (size_t i = 0; i < prompts.size(); ++i) w.push_back({arrivals[i], prompts[i], "", f.slo_ms, f.floor});
+  SimOptions o;
+  o.kv_bytes_per_token = double(sm.kv_bytes_per_token());
+  o.prefill_tokens_per_second = sm.prefill_tokens_per_second;
+  o.codec_threads = f.threads;
+  o.controller.pipelined = true;
+  o.controller.n_layer = sm.n_layer;
+  KV_ASSIGN_OR_RETURN(PolicyReport rep, Simulate(costs, {{0, gbps}}, w, policy, o));
+  Point p;
+  p.gbps = gbps;
+  p.policy = pol.name;
+  p.measured = false;
+  const double gen_ms = (f.max_new - 1) / sm.decode_tokens_per_second * 1e3;
+  std::vector<double> jct;
+  for (double v : rep.latencies_ms) jct.push_back(v + gen_ms);
+  double sum = 0;
+  for (double v : jct) sum += v;
+  p.mean_ms = sum / jct.size();
+  p.p50_ms = Pct(jct, 0.5);
+  p.p99_ms = Pct(jct, 0.99);
+  p.ttft_p99_ms = rep.p99_ms;
+  uint32_t ok = 0;
+  for (double v : rep.latencies_ms) ok += v <= f.slo_ms;
+  p.slo_attainment = double(ok) / jct.size();
+  p.goodput = ok / std::max(1e-9, arrivals.back() + p.mean_ms / 1e3);
+  std::map<std::string, double> quality_of = {{"none", 1.0}};
+  for (const StrategyCost& c : costs) quality_of[c.name] = c.quality;
+  double q = 0;
+  for (const auto& [name, count] : rep.choices) {
+    p.choices[name] = count;
+    q += quality_of.count(name) ? quality_of[name] * count : count;
+  }
+  p.quality = q / jct.size();
+  p.floor_violations = rep.floor_violations;
+  return p;
+}
+
+std::string PlotSvg(const std::vector<Point>& points, const std::vector<Policy>& policies, double ceiling) {
+  const double W = 720, H = 420, L = 70, R = 170, T = 30, B = 50;
+  double lo = 1e30, hi = 0, gmin = 1e30, gmax = 0;
+  for (const Point& p : points) lo = std::min(lo, p.mean_ms), hi = std::max(hi, p.mean_ms), gmin = std::min(gmin, p.gbps), gmax = std::max(gmax, p.gbps);
+  lo = std::pow(10, std::floor(std::log10(std::max(1e-3, lo))));
+  hi = std::pow(10, std::ceil(std::log10(std::max(lo * 10, hi))));
+  if (gmax <= gmin) gmax = gmin * 10;
+  auto x = [&](double g) { return L + (std::log(g) - std::log(gmin)) / (std::log(gmax) - std::log(gmin)) * (W - L - R); };
+  auto y = [&](double v) { return H - B - (std::log(v) - std::log(lo)) / (std::log(hi) - std::log(lo)) * (H - T - B); };
+  const char* colours[] = {"#000000", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"};
+  char b[512];
+  std::string s = "<svg xmlns='http://www.w3.org/2000/svg' width='720' height='420' font-family='sans-serif' font-size='12'>\n";
+  s += "<rect width='100%' height='100%' fill='white'/>\n";
+  std::snprintf(b, sizeof b, "<text x='%g' y='18'>mean JCT vs link bandwidth (hollow: modelled, above the %.1f Gbit/s link ceiling)</text>\n", L, ceiling);
+  s += b;
+  for (double v = lo; v <= hi * 1.001; v *= 10) {
+    std::snprintf(b, sizeof b, "<line x1='%g' x2='%g' y1='%g' y2='%g' stroke='#ddd'/><text x='%g' y='%g' text-anchor='end'>%g ms</text>\n",
+                  L, W - R, y(v), y(v), L - 6, y(v) + 4, v);
+    s += b;
+  }
+  std::vector<double> gs;
+  for (const Point& p : points) if (std::find(gs.begin(), gs.end(), p.gbps) == gs.end()) gs.push_back(p.gbps);
+  for (double g : gs) {
+    std::snprintf(b, sizeof b, "<text x='%g' y='%g' text-anchor='middle'>%g</text>\n", x(g), H - B + 18, g);
+    s += b;
+  }
+  std::snprintf(b, sizeof b, "<text x='%g' y='%g' text-anchor='middle'>Gbit/s</text>\n", (L + W - R) / 2, H - 12);
+  s += b;
+  for (size_t k = 0; k < policies.size(); ++k) {
+    const char* c = colours[k % 8];
+    std::string path;
+    for (const Point& p : points) {
+      if (p.policy != policies[k].name) continue;
+      std::snprintf(b, sizeof b, "%s%g,%g", path.empty() ? "" : " ", x(p.gbps), y(p.mean_ms));
+      path += b;
+      std::snprintf(b, sizeof b, "<circle cx='%g' cy='%g' r='4' fill='%s' stroke='%s'/>\n", x(p.gbps), y(p.mean_ms),
+                    p.measured ? c : "white", c);
+      s += b;
+    }
+    std::snprintf(b, sizeof b, "<polyline points='%s' fill='none' stroke='%s'/>\n<text x='%g' y='%g' fill='%s'>%s</text>\n",
+                  path.c_str(), c, W - R + 10, T + 20 + 18.0 * k, c, policies[k].name.c_str());
+    s += b;
+  }
+  return s + "</svg>\n";
+}
+
+Status RunE2e(E2eFlags f) {
+  if (f.mode != "pd") return Status::Unsupported("bench e2e --mode " + f.mode + ": only pd is built so far");
+  if (f.quick) f.bandwidths = {1, 10}, f.requests = std::min<uint32_t>(f.requests, 6), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
+  KV_ASSIGN_OR_RETURN(SyntheticModel sm, SyntheticModelByName(f.kv_shape));
+  sm.prefill_tokens_per_second = f.prefill_tps;
+  sm.decode_tokens_per_second = f.decode_tps;
+  KV_ASSIGN_OR_RETURN(Profile profile, LoadProfile(f.profile));
+  // Policies: none, adaptive, and the static methods of the strategy table (with the quality,
+  // ratio and speeds that table measured on a real model and this machine).
+  std::vector<Policy> policies = {{"none", "none"}, {"adaptive", ""}};
+  {
+    KV_ASSIGN_OR_RETURN(ByteBuffer text, ReadFile(f.table));
+    const json t = json::parse(text.begin(), text.end(), nullptr, false);
+    if (t.is_discarded() || !t.contains("rows")) return Status::Corrupt("strategy table '" + f.table + "' is not a table JSON");
+    for (const std::string& name : f.statics) {
+      bool found = false;
+      for (const json& row : t["rows"]) {
+        if (row.value("name", "") != name) continue;
+        policies.push_back({"static:" + name, row["spec"], row["relative_accuracy"], row["ratio"], row["encode_gbps"],
+                            row["decode_gbps"]});
+        found = true;
+      }
+      if (!found) return Status::InvalidArgument("static policy '" + name + "' is not a row of " + f.table);
+    }
+  }
+  // Prompts: fixed, or drawn from a workload file's lengths; arrivals at the rate that puts the
+  // uncompressed link at the offered load.
+  std::mt19937_64 rng(f.seed);
+  std::vector<uint32_t> prompts;
+  if (!f.workload.empty()) {
+    KV_ASSIGN_OR_RETURN(std::vector<WorkloadRequest> w, LoadWorkload(f.workload));
+    for (uint32_t i = 0; i < f.requests; ++i) prompts.push_back(w[i % w.size()].prompt_tokens);
+  } else {
+    prompts.assign(f.requests, f.prompt_tokens);
+  }
+  double mean_tokens = 0;
+  for (uint32_t n : prompts) mean_tokens += n;
+  mean_tokens /= prompts.size();
+  // The link ceiling of this machine, measured now with the same transport.
+  double ceiling = 0;
+  {
+    auto transport = MakeTcpTransport();
+    auto listener = transport->Listen("127.0.0.1:0");
+    KV_RETURN_IF_ERROR(listener.status());
+    std::thread sink([&] {
+      auto c = listener.value()->Accept(DeadlineIn(30));
+      while (c.ok()) {
+        auto m = c.value()->Receive(DeadlineIn(30));
+        if (!m.ok() || m->kind == MessageKind::kEnd) break;
+      }
+    });
+    auto c = transport->Connect("127.0.0.1:" + std::to_string(listener.value()->port()), DeadlineIn(10));
+    KV_RETURN_IF_ERROR(c.status());
+    ByteBuffer buf(4 << 20, 1);
+    const double t0 = NowSeconds();
+    for (int i = 0; i < 32; ++i) KV_RETURN_IF_ERROR(c.value()->Send(MessageKind::kFrame, buf, DeadlineIn(30)));
+    KV_RETURN_IF_ERROR(c.value()->Send(MessageKind::kEnd, {}, DeadlineIn(30)));
+    sink.join();
+    ceiling = 32.0 * buf.size() * 8 / (NowSeconds() - t0) / 1e9;
+  }
+  std::vector<Point> points;
+  json pipelining;
+  for (double gbps : f.bandwidths) {
+    const double rate = f.arrival == "burst" ? 0 : f.load * gbps * 1e9 / 8 / (mean_tokens * sm.kv_bytes_per_token());
+    std::vector<double> arrivals;
+    double t = 0;
+    std::exponential_distribution<double> gap(rate > 0 ? rate : 1);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      arrivals.push_back(t);
+      if (rate > 0) t += gap(rng);
+    }
+    const bool measured = gbps <= 0.9 * ceiling;
+    for (const Policy& pol : policies) {
+      if (StderrIsTerminal() || !f.as_json) {
+        std::fprintf(stderr, "bench e2e: %s at %g Gbit/s (%s)...\n", pol.name.c_str(), gbps, measured ? "measured" : "modelled");
+      }
+      auto p = measured ? RunMeasured(f, sm, profile, pol, gbps, prompts, arrivals)
+                        : RunModelled(f, sm, profile, pol, gbps, prompts, arrivals);
+      KV_RETURN_IF_ERROR(p.status());
+      points.push_back(std::move(p).value());
+    }
+    if (measured && pipelining.is_null()) {
+      // One request alone on this link with a compressing strategy: are the three stages overlapped?
+      LinkShaper shaper(gbps);
+      auto transport = MakeTcpTransport({.shaper = &shaper});
+      DecodeNode decode(transport.get(), DecodeNodeOptions{.synthetic = &sm, .request_timeout_s = 600});
+      KV_RETURN_IF_ERROR(decode.Start("127.0.0.1:0"));
+      PrefillNodeOptions o;
+      o.synthetic = &sm;
+      o.decode_peers = {"127.0.0.1:" + std::to_string(decode.port())};
+      o.strategy = policies.size() > 2 ? policies[2].spec : "quant|rans";
+      o.pool = Pool(f.threads);
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefillNode> prefill, PrefillNode::Create(transport.get(), o));
+      ServeRequest r;
+      r.prompt.assign(prompts[0], 1);
+      r.max_new_tokens = 1;
+      KV_ASSIGN_OR_RETURN(ServeResponse out, prefill->Serve(r));
+      const StageTimings& st = out.timings;
+      pipelining = {{"gbps", gbps}, {"strategy", o.strategy}, {"encode_ms", st.encode_s * 1e3}, {"wire_ms", st.wire_s * 1e3},
+                    {"decode_ms", st.decode_s * 1e3}, {"sum_ms", (st.encode_s + st.wire_s + st.decode_s) * 1e3},
+                    {"max_ms", std::max({st.encode_s, st.wire_s, st.decode_s}) * 1e3}, {"observed_ms", st.transfer_s * 1e3}};
+      decode.Stop();
+    }
+  }
+  json out = {{"mode", "pd"},
+              {"kv_shape", sm.name},
+              {"kv_bytes_per_token", sm.kv_bytes_per_token()},
+              {"compute_model", {{"prefill_tokens_per_second", sm.prefill_tokens_per_second},
+                                 {"decode_tokens_per_second", sm.decode_tokens_per_second},
+                                 {"note", "synthetic KV and modelled GPU compute; codec, transport and link are real"}}},
+              {"link_ceiling_gbps", ceiling},
+              {"requests", f.requests},
+              {"mean_prompt_tokens", mean_tokens},
+              {"max_new_tokens", f.max_new},
+              {"load", f.load},
+              {"arrival", f.arrival},
+              {"slo_ms", f.slo_ms},
+              {"floor", f.floor},
+              {"codec_threads", f.threads},
+              {"ttft_definition", "arrival at the prefill node to the KV decoded at the decode node"},
+              {"pipelining", pipelining}};
+  json pts = json::array();
+  for (const Point& p : points) {
+    pts.push_back({{"gbps", p.gbps}, {"policy", p.policy}, {"measured", p.measured}, {"mean_ms", p.mean_ms},
+                   {"p50_ms", p.p50_ms}, {"p99_ms", p.p99_ms}, {"ttft_p99_ms", p.ttft_p99_ms},
+                   {"slo_attainment", p.slo_attainment}, {"goodput_rps", p.goodput}, {"wire_bytes", p.wire_bytes},
+                   {"quality", p.quality}, {"floor_violations", p.floor_violations}, {"errors", p.errors},
+                   {"compute_share", p.compute_share}, {"choices", p.choices}});
+  }
+  out["points"] = pts;
+  if (!f.svg.empty()) {
+    const std::string svg = PlotSvg(points, policies, ceiling);
+    KV_RETURN_IF_ERROR(WriteFileAtomic(f.svg, std::span(reinterpret_cast<const uint8_t*>(svg.data()), svg.size())));
+  }
+  if (f.as_json) {
+    std::printf("%s\n", out.dump(1).c_str());
+    return Status::Ok();
+  }
+  std::printf("PD end to end: %s KV (%.0f KiB/token), %u requests of %.0f prompt tokens, load %.2f, %s arrivals; link ceiling %.1f Gbit/s\n",
+              sm.name.c_str(), sm.kv_bytes_per_token() / 1024.0, f.requests, mean_tokens, f.load, f.arrival.c_str(), ceiling);
+  std::printf("%7s %-18s %9s %9s %9s %10s %6s %8s %7s %s\n", "Gbit/s", "policy", "mean ms", "p50 ms", "p99 ms", "TTFT p99", "SLO",
+              "quality", "kind", "vs none");
+  double none_ms = 0;
+  for (const Point& p : points) {
+    if (p.policy == "none") none_ms = p.mean_ms;
+    std::printf("%7g %-18s %9.1f %9.1f %9.1f %10.1f %5.0f%% %8.4f %7s %6.2fx\n", p.gbps, p.policy.c_str(), p.mean_ms, p.p50_ms,
+                p.p99_ms, p.ttft_p99_ms, 100 * p.slo_attainment, p.quality, p.measured ? "meas." : "model", none_ms / p.mean_ms);
+  }
+  if (!pipelining.is_null()) {
+    std::printf("pipelining at %g Gbit/s (%s): encode %.1f + wire %.1f + decode %.1f = %.1f ms; slowest %.1f; observed %.1f ms\n",
+                pipelining["gbps"].get<double>(), ShortSpec(pipelining["strategy"].get<std::string>()).c_str(),
+                pipelining["encode_ms"].get<double>(), pipelining["wire_ms"].get<double>(), pipelining["decode_ms"].get<double>(),
+                pipelining["sum_ms"].get<double>(), pipelining["max_ms"].get<double>(), pipelining["observed_ms"].get<double>());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddBenchE2eCommand(CLI::App& bench) {
+  auto* c = bench.add_subcommand("e2e", "End-to-end PD serving across bandwidths and policies (JCT, TTFT, SLO, capacity)");
+  auto f = std::make_shared<E2eFlags>();
+  c->add_option("--mode", f->mode, "pd (KV-pool mode: not yet)")->capture_default_str();
+  c->add_option("--bandwidths", f->bandwidths, "link rates in Gbit/s")->delimiter(',')->capture_default_str()->check(InRange(1e-3, 1e4));
+  c->add_option("--requests", f->requests, "requests per point")->capture_default_str()->check(InRange(1, 10000));
+  c->add_option("--prompt-tokens", f->prompt_tokens, "prompt length (without --workload)")->capture_default_str()->check(InRange(1, 1 << 17));
+  c->add_option("--workload", f->workload, "workload CSV whose prompt lengths are used in turn");
+  c->add_option("--max-new", f->max_new, "generated tokens per request")->capture_default_str()->check(InRange(1, 1 << 16));
+  c->add_option("--load", f->load, "offered load on the uncompressed link")->capture_default_str()->check(InRange(0.01, 10));
+  c->add_option("--arrival", f->arrival, "poisson | burst")->capture_default_str()->check(CLI::IsMember({"poisson", "burst"}));
+  c->add_option("--kv-shape", f->kv_shape, "synthetic KV shape and compute model")->capture_default_str();
+  c->add_option("--profile", f->profile, "profile for the adaptive policy")->capture_default_str();
+  c->add_option("--table", f->table, "strategy table JSON with the static policies' specs and quality")->capture_default_str();
+  c->add_option("--static", f->statics, "static policies (table row names)")->delimiter(',')->capture_default_str();
+  c->add_option("--slo-ms", f->slo_ms, "TTFT objective per request")->capture_default_str()->check(InRange(1e-3, 1e9));
+  c->add_option("--floor", f->floor, "quality floor")->capture_default_str()->check(InRange(0, 1.05));
+  c->add_option("--prefill-tps", f->prefill_tps, "modelled prefill tokens/s")->capture_default_str()->check(InRange(1, 1e9));
+  c->add_option("--decode-tps", f->decode_tps, "modelled decode tokens/s per request")->capture_default_str()->check(InRange(1e-3, 1e9));
+  c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
+  c->add_option("--seed", f->seed, "arrival seed")->capture_default_str();
+  c->add_option("--svg", f->svg, "also write JCT vs bandwidth per policy (SVG)")->check(OutputPath());
+  c->add_flag("--quick", f->quick, "two bandwidths, 6 requests of at most 1024 tokens (about a minute)");
+  c->add_flag("--json", f->as_json, "machine-readable output");
+  SetAction(c, [=]() { return RunE2e(*f); });
+}
+
+}  // namespace kvserve::cli
