@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libxxhash-dev libeigen3-dev libnlopt-cxx-dev nlohmann-json3-dev libcli11-dev nettle-dev
-  libasio-dev libcpp-httplib-dev iproute2
+  libasio-dev libcpp-httplib-dev iproute2 curl
   clang libclang-rt-14-dev
   gnuplot-nox
 )
