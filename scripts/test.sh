@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kvserve and runs every test: the CTest suite, then both libFuzzer targets with
+# Builds kvserve and runs every test: the CTest suite, then the five libFuzzer targets with
 # sanitizers (FUZZ_SECONDS each, default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
