@@ -46,7 +46,7 @@ struct Point {
   std::string policy;
   bool measured = true;
   double mean_ms = 0, p50_ms = 0, p99_ms = 0, ttft_p99_ms = 0, slo_attainment = 0, goodput = 0, quality = 1;
-  double wire_bytes = 0, compute_share = 0;
+  double wire_bytes = 0, compute_share = 0, capacity_rps = 0;
   uint32_t floor_violations = 0, errors = 0;
   std::map<std::string, uint32_t> choices;
 };
@@ -140,8 +140,10 @@ Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Pro
 
 // Modelled: the simulator's prediction from the measured stage speeds, for links above what
 // this machine carries.
-Result<Point> RunModelled(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
-                          const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
+// The simulator's replay of `pol` on a steady link, from the stage speeds measured on this
+// machine (the profile's, or the strategy table's); latencies are arrival to KV decoded.
+Result<PolicyReport> SimulatePolicy(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol,
+                                    double gbps, const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
   std::vector<StrategyCost> costs;
   std::string policy = pol.name;
   if (pol.name == "adaptive") {
@@ -158,7 +160,40 @@ Result<Point> RunModelled(const E2eFlags& f, const SyntheticModel& sm, const Pro
   o.codec_threads = f.threads;
   o.controller.pipelined = true;
   o.controller.n_layer = sm.n_layer;
-  KV_ASSIGN_OR_RETURN(PolicyReport rep, Simulate(costs, {{0, gbps}}, w, policy, o));
+  return Simulate(costs, {{0, gbps}}, w, policy, o);
+}
+
+// Capacity: the highest Poisson rate (requests/s) at which P99 TTFT stays within the SLO, by
+// bisection on a log scale over 200 simulated requests (modelled, as the label says).
+Result<double> ModelledCapacity(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol,
+                                double gbps, uint32_t prompt_tokens) {
+  const std::vector<uint32_t> prompts(200, prompt_tokens);
+  auto meets = [&](double rate) -> Result<bool> {
+    std::mt19937_64 rng(f.seed + 17);
+    std::exponential_distribution<double> gap(rate);
+    std::vector<double> arrivals;
+    double t = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) arrivals.push_back(t), t += gap(rng);
+    KV_ASSIGN_OR_RETURN(PolicyReport rep, SimulatePolicy(f, sm, profile, pol, gbps, prompts, arrivals));
+    return rep.p99_ms <= f.slo_ms;
+  };
+  double lo = 1e-3, hi = 1e4;
+  KV_ASSIGN_OR_RETURN(bool any, meets(lo));
+  if (!any) return 0.0;
+  for (int i = 0; i < 30; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    KV_ASSIGN_OR_RETURN(bool ok, meets(mid));
+    (ok ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+Result<Point> RunModelled(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
+                          const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
+  KV_ASSIGN_OR_RETURN(PolicyReport rep, SimulatePolicy(f, sm, profile, pol, gbps, prompts, arrivals));
+  std::vector<StrategyCost> costs;
+  if (pol.name == "adaptive") costs = StrategiesFromProfile(profile);
+  else if (pol.name != "none") costs = {{pol.spec, pol.name, pol.quality, pol.ratio, 0, 0}};
   Point p;
   p.gbps = gbps;
   p.policy = pol.name;
@@ -313,6 +348,7 @@ Status RunE2e(E2eFlags f) {
       auto p = measured ? RunMeasured(f, sm, profile, pol, gbps, prompts, arrivals)
                         : RunModelled(f, sm, profile, pol, gbps, prompts, arrivals);
       KV_RETURN_IF_ERROR(p.status());
+      KV_ASSIGN_OR_RETURN(p->capacity_rps, ModelledCapacity(f, sm, profile, pol, gbps, uint32_t(std::lround(mean_tokens))));
       points.push_back(std::move(p).value());
     }
     if (measured && pipelining.is_null()) {
@@ -361,7 +397,7 @@ Status RunE2e(E2eFlags f) {
                    {"p50_ms", p.p50_ms}, {"p99_ms", p.p99_ms}, {"ttft_p99_ms", p.ttft_p99_ms},
                    {"slo_attainment", p.slo_attainment}, {"goodput_rps", p.goodput}, {"wire_bytes", p.wire_bytes},
                    {"quality", p.quality}, {"floor_violations", p.floor_violations}, {"errors", p.errors},
-                   {"compute_share", p.compute_share}, {"choices", p.choices}});
+                   {"compute_share", p.compute_share}, {"capacity_rps_modelled", p.capacity_rps}, {"choices", p.choices}});
   }
   out["points"] = pts;
   if (!f.svg.empty()) {
@@ -374,13 +410,14 @@ Status RunE2e(E2eFlags f) {
   }
   std::printf("PD end to end: %s KV (%.0f KiB/token), %u requests of %.0f prompt tokens, load %.2f, %s arrivals; link ceiling %.1f Gbit/s\n",
               sm.name.c_str(), sm.kv_bytes_per_token() / 1024.0, f.requests, mean_tokens, f.load, f.arrival.c_str(), ceiling);
-  std::printf("%7s %-18s %9s %9s %9s %10s %6s %8s %7s %s\n", "Gbit/s", "policy", "mean ms", "p50 ms", "p99 ms", "TTFT p99", "SLO",
-              "quality", "kind", "vs none");
+  std::printf("%7s %-18s %9s %9s %9s %10s %6s %8s %7s %8s %s\n", "Gbit/s", "policy", "mean ms", "p50 ms", "p99 ms", "TTFT p99", "SLO",
+              "quality", "kind", "vs none", "capacity rps (modelled)");
   double none_ms = 0;
   for (const Point& p : points) {
     if (p.policy == "none") none_ms = p.mean_ms;
-    std::printf("%7g %-18s %9.1f %9.1f %9.1f %10.1f %5.0f%% %8.4f %7s %6.2fx\n", p.gbps, p.policy.c_str(), p.mean_ms, p.p50_ms,
-                p.p99_ms, p.ttft_p99_ms, 100 * p.slo_attainment, p.quality, p.measured ? "meas." : "model", none_ms / p.mean_ms);
+    std::printf("%7g %-18s %9.1f %9.1f %9.1f %10.1f %5.0f%% %8.4f %7s %7.2fx %8.2f\n", p.gbps, p.policy.c_str(), p.mean_ms, p.p50_ms,
+                p.p99_ms, p.ttft_p99_ms, 100 * p.slo_attainment, p.quality, p.measured ? "meas." : "model", none_ms / p.mean_ms,
+                p.capacity_rps);
   }
   if (!pipelining.is_null()) {
     std::printf("pipelining at %g Gbit/s (%s): encode %.1f + wire %.1f + decode %.1f = %.1f ms; slowest %.1f; observed %.1f ms\n",

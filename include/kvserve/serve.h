@@ -98,6 +98,7 @@ class DecodeNode {
   std::thread acceptor_;
   std::mutex mu_;
   std::vector<std::thread> workers_;
+  std::vector<std::thread::id> finished_;  // workers whose connection ended, to be joined
   std::vector<Connection*> open_;
   NodeMetrics metrics_;
 };

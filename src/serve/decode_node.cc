@@ -1,5 +1,6 @@
 // Decode node: receives a request's KV as per-layer frames, decodes each on arrival into the
 // request's cache, asks once for layers whose frames failed verification, then generates.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -78,6 +79,15 @@ void DecodeNode::AcceptLoop() {
     auto c = listener_->Accept(DeadlineIn(0.2));
     if (!c.ok()) continue;
     std::lock_guard<std::mutex> lock(mu_);
+    // Threads of connections that ended are joined here, so a long-lived node holds only the
+    // threads of its open connections.
+    for (std::thread::id id : finished_) {
+      auto it = std::find_if(workers_.begin(), workers_.end(), [&](const std::thread& t) { return t.get_id() == id; });
+      if (it == workers_.end()) continue;
+      it->join();
+      workers_.erase(it);
+    }
+    finished_.clear();
     open_.push_back(c.value().get());
     workers_.emplace_back([this, conn = std::move(c).value()]() mutable { Serve(std::move(conn)); });
   }
@@ -214,8 +224,8 @@ void DecodeNode::Serve(std::unique_ptr<Connection> c) {
   c->Close();
   std::lock_guard<std::mutex> lock(mu_);
   open_.erase(std::remove(open_.begin(), open_.end(), c.get()), open_.end());
-  // The thread object stays in workers_ until Stop joins it; the connection dies with it here.
   c.reset();
+  finished_.push_back(std::this_thread::get_id());  // the last thing this thread does under the lock
 }
 
 }  // namespace kvserve

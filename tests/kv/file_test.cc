@@ -105,7 +105,9 @@ TEST_F(Files, LinksAreFollowedAndTempNamesNeverWrittenThrough) {
   }
   Status st = WriteFileAtomic(Path("out"), Bytes("data"));
   EXPECT_EQ(Text(ReadFile(Path("victim")).value()), "safe");
-  if (st.ok()) EXPECT_EQ(Text(ReadFile(Path("out")).value()), "data");
+  if (st.ok()) {
+    EXPECT_EQ(Text(ReadFile(Path("out")).value()), "data");
+  }
 }
 
 TEST_F(Files, ConcurrentWritersLeaveOneWholeFile) {
