@@ -37,6 +37,9 @@ std::string Regenerate(const std::string& rel) {
       {"fuzz/seeds/frame/", "bash scripts/gen_fuzz_seeds.sh"},
       {"bench/traces/", "python3 scripts/gen_control_inputs.py"},
       {"bench/workloads/", "python3 scripts/gen_control_inputs.py"},
+      {"docs/results/e2e_pd", "build/kvserve bench e2e --kv-shape llama3-8b --prompt-tokens 4096 --bandwidths "
+                              "1,2,5,10,25,50,100 --requests 12 --load 0.9 --json --svg docs/results/e2e_pd.svg > "
+                              "docs/results/e2e_pd.json; then python3 scripts/e2e_report.py (docs/results/e2e_pd.md)"},
   };
   for (const auto& [prefix, cmd] : kCommands)
     if (rel.rfind(prefix, 0) == 0) return "stale " + rel + "; regenerate with: " + cmd;
@@ -155,6 +158,26 @@ TEST(ShippedArtefacts, ResultTablesNameCanonicalStrategies) {
   SCOPED_TRACE(Regenerate(rel));
   const json b = ReadJson(rel);
   for (const json& s : b["strategies"]) EXPECT_EQ(s["spec"].get<std::string>(), Canonical(s["spec"]));
+}
+
+// The end-to-end result has the fields the current bench writes, its policies are ones the
+// current bench runs, and points above its measured link ceiling are labelled modelled.
+TEST(ShippedArtefacts, EndToEndResultHasTheCurrentFormat) {
+  const std::string rel = "docs/results/e2e_pd.json";
+  SCOPED_TRACE(Regenerate(rel));
+  const json r = ReadJson(rel);
+  for (const char* k : {"mode", "kv_shape", "link_ceiling_gbps", "points", "pipelining", "compute_model"})
+    ASSERT_TRUE(r.contains(k)) << k;
+  const double ceiling = r["link_ceiling_gbps"];
+  for (const json& p : r["points"]) {
+    for (const char* k : {"gbps", "policy", "measured", "mean_ms", "p50_ms", "p99_ms", "ttft_p99_ms", "slo_attainment",
+                          "wire_bytes", "quality", "capacity_rps_modelled"})
+      ASSERT_TRUE(p.contains(k)) << k << " in " << p.dump();
+    EXPECT_EQ(p["measured"].get<bool>(), p["gbps"].get<double>() <= 0.9 * ceiling) << p.dump();
+    const std::string policy = p["policy"];
+    EXPECT_TRUE(policy == "none" || policy == "adaptive" || policy.rfind("static:", 0) == 0) << policy;
+  }
+  for (const char* k : {"sum_ms", "max_ms", "observed_ms"}) EXPECT_TRUE(r["pipelining"].contains(k)) << k;
 }
 
 TEST(ShippedArtefacts, FuzzSeedFramesAreCurrentFrames) {
