@@ -11,6 +11,7 @@
 #include "kvserve/codec.h"
 #include "kvserve/status.h"
 #include "kvserve/thread_pool.h"
+#include "kvserve/transport.h"
 
 namespace kvserve::cli {
 
@@ -61,6 +62,16 @@ void AddCodecCommands(CLI::App& app);
 void AddModelCommands(CLI::App& app);
 void AddProfileCommands(CLI::App& app);
 void AddControlCommands(CLI::App& app);
+// What the transport carries over a link: `mib` MiB sent to a `bench link --listen` at
+// `connect`, or with `connect` empty to a receiver in this process over loopback, timed until
+// the receiver confirms the last byte.
+struct LinkMeasurement {
+  std::string target;
+  uint64_t bytes = 0;
+  double seconds = 0, gbps = 0;
+};
+Result<LinkMeasurement> MeasureLink(Transport* transport, const std::string& connect, uint32_t mib);
+
 void AddServeCommands(CLI::App& app);
 void AddBenchE2eCommand(CLI::App& bench);
 

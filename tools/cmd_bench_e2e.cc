@@ -57,22 +57,41 @@ double Pct(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
 }
 
+// One measured link: a decode node and a prefill node of the synthetic model over TCP shaped to
+// `gbps` in process; the prefill node runs the profile's controller, or `strategy` without one.
+struct Testbed {
+  explicit Testbed(double gbps) : shaper(gbps), transport(MakeTcpTransport({.shaper = &shaper})) {}
+  ~Testbed() {
+    if (decode) decode->Stop();
+  }
+  static Result<std::unique_ptr<Testbed>> Start(const E2eFlags& f, const SyntheticModel& sm, double gbps,
+                                                const Profile* profile, const std::string& strategy) {
+    auto t = std::make_unique<Testbed>(gbps);
+    t->decode = std::make_unique<DecodeNode>(t->transport.get(), DecodeNodeOptions{.synthetic = &sm, .request_timeout_s = 600});
+    KV_RETURN_IF_ERROR(t->decode->Start("127.0.0.1:0"));
+    PrefillNodeOptions o;
+    o.synthetic = &sm;
+    o.decode_peers = {"127.0.0.1:" + std::to_string(t->decode->port())};
+    o.profile = profile;
+    o.strategy = strategy;
+    o.assume_gbps = gbps;  // what a probe of the link would say before the first transfer
+    o.request_timeout_s = 600;
+    o.pool = Pool(f.threads);
+    KV_ASSIGN_OR_RETURN(t->prefill, PrefillNode::Create(t->transport.get(), o));
+    return t;
+  }
+  LinkShaper shaper;
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<DecodeNode> decode;
+  std::unique_ptr<PrefillNode> prefill;
+};
+
 // Measured: every request through the real nodes, on a link shaped to `gbps` in process.
 Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
                           const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
-  LinkShaper shaper(gbps);
-  auto transport = MakeTcpTransport({.shaper = &shaper});
-  DecodeNode decode(transport.get(), DecodeNodeOptions{.synthetic = &sm, .request_timeout_s = 600});
-  KV_RETURN_IF_ERROR(decode.Start("127.0.0.1:0"));
-  PrefillNodeOptions o;
-  o.synthetic = &sm;
-  o.decode_peers = {"127.0.0.1:" + std::to_string(decode.port())};
-  o.profile = pol.spec.empty() ? &profile : nullptr;
-  o.strategy = pol.spec.empty() ? "none" : pol.spec;
-  o.assume_gbps = gbps;  // what a probe of the link would say before the first transfer
-  o.request_timeout_s = 600;
-  o.pool = Pool(f.threads);
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefillNode> prefill, PrefillNode::Create(transport.get(), o));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::Start(f, sm, gbps, pol.spec.empty() ? &profile : nullptr,
+                                                                   pol.spec.empty() ? "none" : pol.spec));
+  PrefillNode* prefill = bed->prefill.get();
   std::map<std::string, double> quality_of;
   for (const ProfileEntry& e : profile.pareto) quality_of[e.spec] = e.quality;
   for (uint32_t n : prompts) KV_RETURN_IF_ERROR(prefill->Prepare(n));
@@ -122,7 +141,7 @@ Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Pro
     p.floor_violations += rq < f.floor;
     p.choices[r->strategy == "none" ? "none" : ShortSpec(r->strategy)]++;
   }
-  decode.Stop();
+  bed.reset();
   if (jct.empty()) return Status::Unavailable("every request of " + pol.name + " at " + json(gbps).dump() + " Gbit/s failed");
   double sum = 0;
   for (double v : jct) sum += v;
@@ -142,16 +161,17 @@ Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Pro
 // this machine carries.
 // The simulator's replay of `pol` on a steady link, from the stage speeds measured on this
 // machine (the profile's, or the strategy table's); latencies are arrival to KV decoded.
+// The strategies the simulator gives `pol`: the profile's for adaptive, its own for a static one.
+std::vector<StrategyCost> PolicyCosts(const Profile& profile, const Policy& pol) {
+  if (pol.name == "adaptive") return StrategiesFromProfile(profile);
+  if (pol.name == "none") return {};
+  return {{pol.spec, pol.name, pol.quality, pol.ratio, pol.encode_gbps * 1e9, pol.decode_gbps * 1e9}};
+}
+
 Result<PolicyReport> SimulatePolicy(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol,
                                     double gbps, const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
-  std::vector<StrategyCost> costs;
-  std::string policy = pol.name;
-  if (pol.name == "adaptive") {
-    costs = StrategiesFromProfile(profile);
-  } else if (pol.name != "none") {
-    costs = {{pol.spec, pol.name, pol.quality, pol.ratio, pol.encode_gbps * 1e9, pol.decode_gbps * 1e9}};
-    policy = "static:" + pol.spec;
-  }
+  const std::vector<StrategyCost> costs = PolicyCosts(profile, pol);
+  const std::string policy = pol.name == "adaptive" || pol.name == "none" ? pol.name : "static:" + pol.spec;
   std::vector<WorkloadRequest> w;
   for (size_t i = 0; i < prompts.size(); ++i) w.push_back({arrivals[i], prompts[i], "", f.slo_ms, f.floor});
   SimOptions o;
@@ -191,9 +211,7 @@ Result<double> ModelledCapacity(const E2eFlags& f, const SyntheticModel& sm, con
 Result<Point> RunModelled(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
                           const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
   KV_ASSIGN_OR_RETURN(PolicyReport rep, SimulatePolicy(f, sm, profile, pol, gbps, prompts, arrivals));
-  std::vector<StrategyCost> costs;
-  if (pol.name == "adaptive") costs = StrategiesFromProfile(profile);
-  else if (pol.name != "none") costs = {{pol.spec, pol.name, pol.quality, pol.ratio, 0, 0}};
+  const std::vector<StrategyCost> costs = PolicyCosts(profile, pol);
   Point p;
   p.gbps = gbps;
   p.policy = pol.name;
@@ -308,27 +326,9 @@ Status RunE2e(E2eFlags f) {
   for (uint32_t n : prompts) mean_tokens += n;
   mean_tokens /= prompts.size();
   // The link ceiling of this machine, measured now with the same transport.
-  double ceiling = 0;
-  {
-    auto transport = MakeTcpTransport();
-    auto listener = transport->Listen("127.0.0.1:0");
-    KV_RETURN_IF_ERROR(listener.status());
-    std::thread sink([&] {
-      auto c = listener.value()->Accept(DeadlineIn(30));
-      while (c.ok()) {
-        auto m = c.value()->Receive(DeadlineIn(30));
-        if (!m.ok() || m->kind == MessageKind::kEnd) break;
-      }
-    });
-    auto c = transport->Connect("127.0.0.1:" + std::to_string(listener.value()->port()), DeadlineIn(10));
-    KV_RETURN_IF_ERROR(c.status());
-    ByteBuffer buf(4 << 20, 1);
-    const double t0 = NowSeconds();
-    for (int i = 0; i < 32; ++i) KV_RETURN_IF_ERROR(c.value()->Send(MessageKind::kFrame, buf, DeadlineIn(30)));
-    KV_RETURN_IF_ERROR(c.value()->Send(MessageKind::kEnd, {}, DeadlineIn(30)));
-    sink.join();
-    ceiling = 32.0 * buf.size() * 8 / (NowSeconds() - t0) / 1e9;
-  }
+  const std::unique_ptr<Transport> probe = MakeTcpTransport();
+  KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(probe.get(), "", 128));
+  const double ceiling = link.gbps;
   std::vector<Point> points;
   json pipelining;
   for (double gbps : f.bandwidths) {
@@ -353,25 +353,16 @@ Status RunE2e(E2eFlags f) {
     }
     if (measured && pipelining.is_null()) {
       // One request alone on this link with a compressing strategy: are the three stages overlapped?
-      LinkShaper shaper(gbps);
-      auto transport = MakeTcpTransport({.shaper = &shaper});
-      DecodeNode decode(transport.get(), DecodeNodeOptions{.synthetic = &sm, .request_timeout_s = 600});
-      KV_RETURN_IF_ERROR(decode.Start("127.0.0.1:0"));
-      PrefillNodeOptions o;
-      o.synthetic = &sm;
-      o.decode_peers = {"127.0.0.1:" + std::to_string(decode.port())};
-      o.strategy = policies.size() > 2 ? policies[2].spec : "quant|rans";
-      o.pool = Pool(f.threads);
-      KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefillNode> prefill, PrefillNode::Create(transport.get(), o));
+      const std::string strategy = policies.size() > 2 ? policies[2].spec : "quant|rans";
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::Start(f, sm, gbps, nullptr, strategy));
       ServeRequest r;
       r.prompt.assign(prompts[0], 1);
       r.max_new_tokens = 1;
-      KV_ASSIGN_OR_RETURN(ServeResponse out, prefill->Serve(r));
+      KV_ASSIGN_OR_RETURN(ServeResponse out, bed->prefill->Serve(r));
       const StageTimings& st = out.timings;
-      pipelining = {{"gbps", gbps}, {"strategy", o.strategy}, {"encode_ms", st.encode_s * 1e3}, {"wire_ms", st.wire_s * 1e3},
+      pipelining = {{"gbps", gbps}, {"strategy", strategy}, {"encode_ms", st.encode_s * 1e3}, {"wire_ms", st.wire_s * 1e3},
                     {"decode_ms", st.decode_s * 1e3}, {"sum_ms", (st.encode_s + st.wire_s + st.decode_s) * 1e3},
                     {"max_ms", std::max({st.encode_s, st.wire_s, st.decode_s}) * 1e3}, {"observed_ms", st.transfer_s * 1e3}};
-      decode.Stop();
     }
   }
   json out = {{"mode", "pd"},

@@ -251,59 +251,77 @@ Status RunRouter(const std::string& listen, const std::vector<std::string>& peer
 // `bench link`: what the transport carries over this machine's link. With --listen it is the
 // receiving end (run it in the other namespace); with --connect the sending end; with neither,
 // both ends in this process over loopback. A memcpy of the same bytes is the baseline.
+// The receiving end of a link measurement: takes frames until `end`, then confirms the count.
+Status ReceiveUntilEnd(Connection* c) {
+  uint64_t got = 0;
+  while (true) {
+    KV_ASSIGN_OR_RETURN(Message m, c->Receive(DeadlineIn(120)));
+    if (m.kind == MessageKind::kEnd) break;
+    got += m.body.size();
+  }
+  const std::string body = json{{"bytes", got}}.dump();
+  return c->Send(MessageKind::kResult, std::span(reinterpret_cast<const uint8_t*>(body.data()), body.size()), DeadlineIn(10));
+}
+
+}  // namespace
+
+Result<LinkMeasurement> MeasureLink(Transport* transport, const std::string& connect, uint32_t mib) {
+  LinkMeasurement m;
+  m.target = connect;
+  std::unique_ptr<Listener> listener;
+  std::thread server;
+  Status server_status;
+  if (connect.empty()) {
+    KV_ASSIGN_OR_RETURN(listener, transport->Listen("127.0.0.1:0"));
+    m.target = "127.0.0.1:" + std::to_string(listener->port());
+    server = std::thread([&] {
+      auto c = listener->Accept(DeadlineIn(30));
+      server_status = c.ok() ? ReceiveUntilEnd(c.value().get()) : c.status();
+    });
+  }
+  const uint64_t chunk = 4 << 20;
+  m.bytes = uint64_t(mib) << 20;
+  const ByteBuffer buf(chunk, 0x5a);
+  Status st = [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, transport->Connect(m.target, DeadlineIn(10)));
+    const double t0 = NowSeconds();
+    for (uint64_t sent = 0; sent < m.bytes; sent += chunk) KV_RETURN_IF_ERROR(c->Send(MessageKind::kFrame, buf, DeadlineIn(60)));
+    KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, DeadlineIn(10)));
+    KV_ASSIGN_OR_RETURN(Message reply, c->Receive(DeadlineIn(120)));
+    m.seconds = NowSeconds() - t0;
+    return reply.kind == MessageKind::kResult ? Status::Ok() : Status::Corrupt("unexpected reply");
+  }();
+  if (listener) listener->Close();  // a receiver still waiting to accept gives up
+  if (server.joinable()) server.join();
+  KV_RETURN_IF_ERROR(st);
+  KV_RETURN_IF_ERROR(server_status);
+  m.gbps = double(m.bytes) * 8 / m.seconds / 1e9;
+  return m;
+}
+
+namespace {
+
 Status RunBenchLink(const std::string& listen, const std::string& connect, uint32_t mib, double shape_gbps, bool as_json) {
   std::unique_ptr<LinkShaper> shaper;
   if (shape_gbps > 0) shaper = std::make_unique<LinkShaper>(shape_gbps);
   auto transport = MakeTcpTransport({.shaper = shaper.get()});
-  auto receive_all = [](Connection* c) -> Status {
-    uint64_t got = 0;
-    while (true) {
-      KV_ASSIGN_OR_RETURN(Message m, c->Receive(DeadlineIn(120)));
-      if (m.kind == MessageKind::kEnd) break;
-      got += m.body.size();
-    }
-    const std::string body = json{{"bytes", got}}.dump();
-    return c->Send(MessageKind::kResult, std::span(reinterpret_cast<const uint8_t*>(body.data()), body.size()), DeadlineIn(10));
-  };
-  std::unique_ptr<Listener> listener;
-  std::thread server;
-  Status server_status;
-  std::string target = connect;
-  if (!listen.empty() || connect.empty()) {
-    KV_ASSIGN_OR_RETURN(listener, transport->Listen(listen.empty() ? "127.0.0.1:0" : listen));
-    if (!listen.empty()) {
-      std::printf("bench link listening on %s\n", listen.c_str());
-      std::fflush(stdout);
-      KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, listener->Accept(DeadlineIn(600)));
-      return receive_all(c.get());
-    }
-    target = "127.0.0.1:" + std::to_string(listener->port());
-    server = std::thread([&] {
-      auto c = listener->Accept(DeadlineIn(30));
-      server_status = c.ok() ? receive_all(c.value().get()) : c.status();
-    });
+  if (!listen.empty()) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener, transport->Listen(listen));
+    std::printf("bench link listening on %s\n", listen.c_str());
+    std::fflush(stdout);
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, listener->Accept(DeadlineIn(600)));
+    return ReceiveUntilEnd(c.get());
   }
-  const uint64_t chunk = 4 << 20, total = uint64_t(mib) << 20;
-  ByteBuffer buf(chunk, 0x5a);
-  double seconds = 0;
-  Status st = [&]() -> Status {
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, transport->Connect(target, DeadlineIn(10)));
-    const double t0 = NowSeconds();
-    for (uint64_t sent = 0; sent < total; sent += chunk) KV_RETURN_IF_ERROR(c->Send(MessageKind::kFrame, buf, DeadlineIn(60)));
-    KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, DeadlineIn(10)));
-    KV_ASSIGN_OR_RETURN(Message reply, c->Receive(DeadlineIn(120)));
-    seconds = NowSeconds() - t0;
-    return reply.kind == MessageKind::kResult ? Status::Ok() : Status::Corrupt("unexpected reply");
-  }();
-  if (server.joinable()) server.join();
-  KV_RETURN_IF_ERROR(st);
-  KV_RETURN_IF_ERROR(server_status);
+  KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(transport.get(), connect, mib));
+  const std::string& target = link.target;
+  const uint64_t chunk = 4 << 20, total = link.bytes;
+  const double seconds = link.seconds, gbps = link.gbps;
+  const ByteBuffer buf(chunk, 0x5a);
   // Baseline in the same run: one memcpy of the same bytes.
   ByteBuffer dst(chunk);
   const double m0 = NowSeconds();
   for (uint64_t done = 0; done < total; done += chunk) std::memcpy(dst.data(), buf.data(), chunk);
   const double memcpy_s = std::max(1e-9, NowSeconds() - m0);
-  const double gbps = double(total) * 8 / seconds / 1e9;
   const json out = {{"target", target}, {"loopback", connect.empty()}, {"bytes", total}, {"seconds", seconds},
                     {"gbps", gbps}, {"shaped_gbps", shape_gbps}, {"memcpy_gbps", double(total) * 8 / memcpy_s / 1e9}};
   if (as_json) {

@@ -15,9 +15,8 @@ struct CliRun {
 
 // `prefix` runs first in the same shell (environment variables, `ulimit`); every run is bounded
 // by `timeout_s`, so a hang fails its test instead of the suite.
-inline CliRun Cli(const std::string& args, const std::string& prefix = "", int timeout_s = 600) {
-  const std::string cmd = prefix + (prefix.empty() ? "" : " ") + "timeout -s KILL " + std::to_string(timeout_s) + " " +
-                          std::string(KVSERVE_CLI) + " " + args + " 2>&1";
+// A shell command line (stdout and stderr together), as it stands.
+inline CliRun Shell(const std::string& cmd) {
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -25,6 +24,11 @@ inline CliRun Cli(const std::string& args, const std::string& prefix = "", int t
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+inline CliRun Cli(const std::string& args, const std::string& prefix = "", int timeout_s = 600) {
+  return Shell(prefix + (prefix.empty() ? "" : " ") + "timeout -s KILL " + std::to_string(timeout_s) + " " +
+               std::string(KVSERVE_CLI) + " " + args + " 2>&1");
 }
 
 }  // namespace kvserve::testing
