@@ -20,6 +20,7 @@ set(kHeader_profile profile)
 set(kHeader_controller control)
 set(kHeader_serve serve)
 set(kHeader_transport serve)
+set(kHeader_pool serve)
 # What each module may include besides itself.
 set(kAllow_kv "")
 set(kAllow_codec kv)

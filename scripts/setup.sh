@@ -7,6 +7,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libxxhash-dev libeigen3-dev libnlopt-cxx-dev nlohmann-json3-dev libcli11-dev nettle-dev
   libasio-dev libcpp-httplib-dev iproute2 curl
+  libhiredis-dev redis-server redis-tools
   clang libclang-rt-14-dev
   gnuplot-nox
 )

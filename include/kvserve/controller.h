@@ -164,6 +164,35 @@ class Controller {
   double Normal();
 };
 
+// ---- Pool fetch decision (KV disaggregation) ------------------------------------------------------
+// A request whose prompt prefix is in the pool may fetch it (as any stored copy) and compute only
+// the suffix, or recompute everything. First-token time of each choice:
+//   fetch s of c tokens: max(fetch(s, c), gpu_wait) + (n - c) / P
+//   recompute:           gpu_wait + n / P
+// with fetch(s, c) = max(V/(r B), V/Sd) + one chunk's min(V/(r B), V/Sd) (chunks are decoded while
+// the next is on the wire; nothing is encoded on this path), V = c * raw bytes per token.
+struct PoolOption {
+  uint32_t strategy = 0;       // index into the strategies (0: none, the uncompressed copy)
+  uint32_t cached_tokens = 0;  // leading prompt tokens the pool holds in that copy
+};
+struct PoolFetchRequest {
+  uint32_t prompt_tokens = 0;
+  double kv_bytes_per_token = 0;        // raw, as the strategies' ratios and speeds count it
+  double prefill_tokens_per_second = 0;
+  double gpu_wait_s = 0;                // compute queued ahead of this request
+  double floor = 0.97;
+  uint32_t chunk_tokens = 256;
+};
+struct PoolFetchDecision {
+  int option = -1;               // index into the options; -1: recompute
+  double predicted_seconds = 0;  // to the first token
+  double recompute_seconds = 0;
+  std::string explanation;       // one line: the choice, its prediction, what it beat and why others fell
+};
+double PoolFetchSeconds(const StrategyCost& s, double bytes, double bandwidth_Bps, uint32_t n_chunks);
+PoolFetchDecision DecidePoolFetch(const std::vector<StrategyCost>& strategies, const std::vector<PoolOption>& options,
+                                  const PoolFetchRequest& r, double bandwidth_Bps);
+
 // Short strategy text: parameters at their registry default are left out.
 std::string ShortSpec(std::string_view spec);
 

@@ -14,6 +14,7 @@
 #include "kvserve/calib.h"
 #include "kvserve/controller.h"
 #include "kvserve/model.h"
+#include "kvserve/pool.h"
 #include "kvserve/transport.h"
 
 namespace kvserve {
@@ -33,6 +34,9 @@ struct ServeRequest {
 struct StageTimings {
   double queue_s = 0, prefill_s = 0, encode_s = 0, wire_s = 0, decode_s = 0, transfer_s = 0, generate_s = 0;
   double total_s = 0;
+  // Pool node: fetching the cached prefix (wall time, decode included), arrival to the first
+  // token, and storing the prompt's chunks (after the last token, so outside total_s).
+  double fetch_s = 0, first_token_s = 0, store_s = 0;
 };
 
 struct ServeResponse {
@@ -45,12 +49,19 @@ struct ServeResponse {
   uint64_t wire_bytes = 0;  // frames sent, retries included
   uint32_t resent_layers = 0;
   std::string decode_node;
+  // Pool node: prompt tokens whose KV came from the pool, and what was done: "fetch" (of
+  // `strategy`), "recompute" (chosen over the stored copies), "miss" (nothing usable stored).
+  uint32_t cached_tokens = 0;
+  std::string pool_action;
+  uint64_t stored_bytes = 0;
 };
 
 // Counters a node exports on /metrics (Prometheus text).
 struct NodeMetrics {
   std::atomic<uint64_t> requests{0}, errors{0}, kv_bytes{0}, wire_bytes{0}, resent_layers{0}, corrupt_frames{0};
   std::atomic<uint64_t> encode_us{0}, wire_us{0}, decode_us{0};
+  std::atomic<uint64_t> pool_hits{0}, pool_misses{0}, pool_recomputes{0}, pool_corrupt{0}, pool_errors{0};
+  std::atomic<uint64_t> cached_tokens{0}, computed_tokens{0}, stored_bytes{0};
   std::string Prometheus(const std::string& node) const;
 };
 
@@ -140,8 +151,6 @@ class PrefillNode {
     bool adaptive = false;
   };
   Choice Choose(const ServeRequest& req, double kv_bytes, double model_seconds);
-  // The synthetic KV of an n_token prompt (made once per length, reused).
-  Result<std::shared_ptr<const KvBlock>> SyntheticKv(uint32_t n_token);
   Status Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv, const std::vector<float>& scores,
                   const std::string& spec, int first_token, ServeResponse* out);
   Transport* transport_;
@@ -152,6 +161,58 @@ class PrefillNode {
   std::atomic<uint64_t> next_peer_{0}, frames_sent_{0};
   NodeMetrics metrics_;
   std::mutex compute_mu_;  // synthetic prefill: one prompt at a time, as on one GPU
+};
+
+struct PoolNodeOptions {
+  const LlamaModel* model = nullptr;
+  const SyntheticModel* synthetic = nullptr;  // instead of `model`: synthetic KV, timed compute
+  CodecEnv env;
+  KvPool* pool = nullptr;
+  LinkShaper* pool_link = nullptr;  // paces bytes to and from the pool (its link); null: unpaced
+  uint32_t chunk_tokens = kDefaultChunkTokens;
+  KeyPlacement placement = KeyPlacement::kPrefix;
+  // "adaptive" (needs `profile`): stores the copy fastest to fetch at the expected bandwidth
+  // within the floor (and one at safe_floor if it is below), fetches or recomputes by
+  // DecidePoolFetch. "recompute": never uses the pool. Otherwise a strategy, stored and always
+  // fetched when present ("none": the uncompressed pool).
+  std::string policy = "adaptive";
+  const Profile* profile = nullptr;
+  double safe_floor = 0.99;
+  double assume_gbps = 10;          // pool bandwidth before the first measured fetch
+  double prefill_tokens_per_second = 0;  // real model: for the decision (0: measured as it runs)
+  ThreadPool* threads = nullptr;    // codec threads
+};
+
+// KV-disaggregated serving: one node that computes and generates, with its prompts' prefix KV
+// in a pool. A request fetches its longest cached prefix (chunks decoded while the next is on
+// the wire) and computes only the suffix, or recomputes when that is faster; afterwards the
+// chunks the pool lacked are stored. A bad value (checksum, shape) is deleted and recomputed,
+// never used. Thread-safe.
+class PoolNode {
+ public:
+  static Result<std::unique_ptr<PoolNode>> Create(PoolNodeOptions opts);
+  Result<ServeResponse> Serve(const ServeRequest& request);
+  Status Prepare(uint32_t n_token);  // synthetic: makes an n_token prompt's KV before timing
+  const NodeMetrics& metrics() const { return metrics_; }
+  double bandwidth_estimate_gbps() const;
+  // Strategy 0 is none; adaptive nodes have the profile's after it.
+  const std::vector<StrategyCost>& strategies() const { return s_; }
+
+ private:
+  explicit PoolNode(PoolNodeOptions opts) : opts_(std::move(opts)) {}
+  struct Fetch;
+  Status FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, KvCache* cache, Fetch* out);
+  std::vector<size_t> StoreChoice(double floor) const;
+  PoolNodeOptions opts_;
+  std::vector<StrategyCost> s_;
+  std::vector<size_t> candidates_;  // strategies looked up per request
+  double bytes_per_token_ = 0;      // raw KV in the node's dtype
+  mutable std::mutex mu_;           // estimator_, measured prefill rate
+  BandwidthEstimator estimator_;
+  double measured_tps_ = 0;
+  std::mutex compute_mu_;           // one prompt computes at a time, as on one GPU
+  std::atomic<uint64_t> queued_tokens_{0};
+  NodeMetrics metrics_;
 };
 
 // JSON bodies of the HTTP API and the wire messages (one place, so both ends agree).

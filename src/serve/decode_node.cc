@@ -7,6 +7,7 @@
 #include "kvserve/codec.h"
 #include "kvserve/frame.h"
 #include "kvserve/serve.h"
+#include "serve/engine_util.h"
 #include "serve/wire.h"
 
 namespace kvserve {
@@ -16,32 +17,12 @@ using serve_internal::Seconds;
 using serve_internal::SendJson;
 
 namespace {
-// Greedy generation exactly as LlamaEngine::Generate continues after its prompt: from the
-// prefill node's first token, over the transferred prompt KV.
+// Greedy generation over the transferred prompt KV, from the prefill node's first token.
 Result<std::vector<int>> GenerateAfterPrefix(const LlamaModel& model, const KvBlock& kv, uint32_t prompt_len,
                                              int first_token, uint32_t max_new) {
-  const LlamaConfig& cfg = model.config;
-  KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(cfg));
+  KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model.config));
   KV_RETURN_IF_ERROR(cache.LoadPrefix(kv, prompt_len));
-  LlamaEngine engine(model);
-  std::vector<float> logits(cfg.vocab_size);
-  std::vector<int> out = {first_token};
-  int tok = first_token;
-  while (out.size() < max_new && cache.next_pos < cfg.seq_len) {
-    KV_RETURN_IF_ERROR(engine.Forward(&tok, 1, &cache, logits.data(), true));
-    if (cache.next_pos >= cfg.seq_len) break;
-    tok = int(Argmax(logits.data(), cfg.vocab_size));
-    out.push_back(tok);
-  }
-  return out;
-}
-
-// Generation of the synthetic stand-in: time at the decode rate (the first token came from prefill).
-Result<std::vector<int>> SyntheticTokens(const SyntheticModel& m, int first_token, uint32_t max_new) {
-  std::this_thread::sleep_for(std::chrono::duration<double>((max_new - 1) / m.decode_tokens_per_second));
-  std::vector<int> out(max_new, 0);
-  out[0] = first_token;
-  return out;
+  return serve_internal::GreedyContinue(model, &cache, first_token, max_new);
 }
 }  // namespace
 
@@ -205,7 +186,7 @@ void DecodeNode::Serve(std::unique_ptr<Connection> c) {
       break;
     }
     const Clock::time_point g0 = Clock::now();
-    auto out = synth ? SyntheticTokens(*synth, first_token, max_new)
+    auto out = synth ? Result<std::vector<int>>(serve_internal::SyntheticTokens(*synth, first_token, max_new))
                      : GenerateAfterPrefix(*opts_.model, kv, prompt_len, first_token, max_new);
     if (!out.ok()) {
       fail(out.status());

@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "kvserve/codec.h"
-#include "kvserve/synth.h"
 #include "kvserve/serve.h"
+#include "serve/engine_util.h"
 #include "serve/wire.h"
 
 namespace kvserve {
@@ -19,61 +19,12 @@ using json = nlohmann::json;
 using serve_internal::Seconds;
 using serve_internal::SendJson;
 
-namespace {
-// Encoded frames waiting for the wire: the encoder blocks when `capacity` are queued, so a slow
-// link holds back encoding instead of letting frames pile up in memory.
-class FrameQueue {
- public:
-  explicit FrameQueue(size_t capacity) : capacity_(capacity) {}
-  bool Push(ByteBuffer f) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return q_.size() < capacity_ || closed_; });
-    if (closed_) return false;
-    q_.push_back(std::move(f));
-    cv_.notify_all();
-    return true;
-  }
-  // Empty when the producer finished (or failed) and everything was taken.
-  std::optional<ByteBuffer> Pop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !q_.empty() || done_ || closed_; });
-    if (q_.empty()) return std::nullopt;
-    ByteBuffer f = std::move(q_.front());
-    q_.pop_front();
-    cv_.notify_all();
-    return f;
-  }
-  void Finish() { std::lock_guard<std::mutex> l(mu_); done_ = true; cv_.notify_all(); }
-  void Close() { std::lock_guard<std::mutex> l(mu_); closed_ = true; cv_.notify_all(); }
-
- private:
-  size_t capacity_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<ByteBuffer> q_;
-  bool done_ = false, closed_ = false;
-};
-}  // namespace
-
-Result<std::shared_ptr<const KvBlock>> PrefillNode::SyntheticKv(uint32_t n_token) {
-  // One process-wide cache: every node of a benchmark shares the blocks, made before timing
-  // by Prepare so that synthesis never counts as serving time.
-  static std::mutex mu;
-  static std::vector<std::pair<std::pair<KvShape, uint32_t>, std::shared_ptr<const KvBlock>>> cache;
-  const SyntheticModel& m = *opts_.synthetic;
-  const KvShape shape{m.n_layer, m.n_head_kv, n_token, m.head_dim};
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [key, kv] : cache)
-    if (key.first == shape) return kv;
-  KV_ASSIGN_OR_RETURN(KvBlock kv, SynthesizeKv(shape, SynthOptions{.seed = n_token, .dtype = DType::kF16, .pool = opts_.pool}));
-  if (cache.size() >= 8) cache.erase(cache.begin());  // a few prompt lengths at a time
-  cache.push_back({{shape, n_token}, std::make_shared<const KvBlock>(std::move(kv))});
-  return cache.back().second;
-}
+using serve_internal::BoundedQueue;
+using FrameQueue = BoundedQueue<ByteBuffer>;
 
 Status PrefillNode::Prepare(uint32_t n_token) {
   if (opts_.synthetic == nullptr) return Status::Ok();
-  return SyntheticKv(n_token).status();
+  return serve_internal::SyntheticPromptKv(*opts_.synthetic, n_token, opts_.pool).status();
 }
 
 PrefillNode::PrefillNode(Transport* transport, PrefillNodeOptions opts)
@@ -234,7 +185,7 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {
   int first_token = 0;
   std::shared_ptr<const KvBlock> kv;
   if (opts_.synthetic != nullptr) {
-    KV_ASSIGN_OR_RETURN(kv, SyntheticKv(n));
+    KV_ASSIGN_OR_RETURN(kv, serve_internal::SyntheticPromptKv(*opts_.synthetic, n, opts_.pool));
     // One prompt at a time, as on one GPU: the wait is the request's queueing.
     std::unique_lock<std::mutex> gpu(compute_mu_);
     const Clock::time_point started = Clock::now();

@@ -92,6 +92,12 @@ std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer
               {"transfer", t.transfer_s * 1e3},
               {"generate", t.generate_s * 1e3},
               {"total", t.total_s * 1e3}}}};
+  if (!r.pool_action.empty()) {
+    j["pool"] = {{"action", r.pool_action}, {"cached_tokens", r.cached_tokens}, {"stored_bytes", r.stored_bytes}};
+    j["timings_ms"]["fetch"] = t.fetch_s * 1e3;
+    j["timings_ms"]["first_token"] = t.first_token_s * 1e3;
+    j["timings_ms"]["store"] = t.store_s * 1e3;
+  }
   if (tokenizer != nullptr) {
     std::string text;
     int prev = Tokenizer::kEos;  // a continuation: keep the first piece's leading space (only BOS drops it)
@@ -119,6 +125,16 @@ std::string NodeMetrics::Prometheus(const std::string& node) const {
   counter("encode_seconds_total", "codec encode time", double(encode_us) / 1e6);
   counter("wire_seconds_total", "time spent sending frames", double(wire_us) / 1e6);
   counter("decode_seconds_total", "codec decode time", double(decode_us) / 1e6);
+  if (pool_hits + pool_misses + pool_recomputes > 0) {
+    counter("pool_hits_total", "requests that fetched a cached prefix", double(pool_hits));
+    counter("pool_misses_total", "requests with no usable cached prefix", double(pool_misses));
+    counter("pool_recomputes_total", "requests that recomputed although a prefix was cached", double(pool_recomputes));
+    counter("pool_corrupt_total", "pool values that failed verification (deleted)", double(pool_corrupt));
+    counter("pool_errors_total", "pool backend failures (served without it)", double(pool_errors));
+    counter("pool_cached_tokens_total", "prompt tokens whose KV came from the pool", double(cached_tokens));
+    counter("pool_computed_tokens_total", "prompt tokens computed", double(computed_tokens));
+    counter("pool_stored_bytes_total", "bytes stored into the pool", double(stored_bytes));
+  }
   return out;
 }
 

@@ -1,0 +1,59 @@
+// The pool fetch decision: fetch a stored copy of the prefix (and compute the suffix) or
+// recompute, from the latency model extended by the prefill time; explained in one line.
+#include <algorithm>
+#include <cstdio>
+
+#include "kvserve/controller.h"
+
+namespace kvserve {
+
+double PoolFetchSeconds(const StrategyCost& s, double bytes, double bandwidth_Bps, uint32_t n_chunks) {
+  if (bytes <= 0) return 0;
+  if (s.none()) return bytes / bandwidth_Bps;
+  const double wire = bytes / (s.ratio * bandwidth_Bps), decode = bytes / s.decode_Bps;
+  return std::max(wire, decode) + std::min(wire, decode) / std::max<uint32_t>(1, n_chunks);
+}
+
+PoolFetchDecision DecidePoolFetch(const std::vector<StrategyCost>& strategies, const std::vector<PoolOption>& options,
+                                  const PoolFetchRequest& r, double bandwidth_Bps) {
+  PoolFetchDecision d;
+  const double P = std::max(1e-9, r.prefill_tokens_per_second);
+  d.recompute_seconds = r.gpu_wait_s + r.prompt_tokens / P;
+  d.predicted_seconds = d.recompute_seconds;
+  char b[256];
+  std::string others;
+  uint32_t below_floor = 0;
+  for (size_t i = 0; i < options.size(); ++i) {
+    const PoolOption& o = options[i];
+    if (o.cached_tokens == 0 || o.strategy >= strategies.size()) continue;
+    const StrategyCost& s = strategies[o.strategy];
+    if (s.quality < r.floor) {
+      below_floor++;
+      continue;
+    }
+    const double bytes = double(o.cached_tokens) * r.kv_bytes_per_token;
+    const uint32_t chunks = std::max<uint32_t>(1, o.cached_tokens / std::max<uint32_t>(1, r.chunk_tokens));
+    const double t = std::max(PoolFetchSeconds(s, bytes, bandwidth_Bps, chunks), r.gpu_wait_s) +
+                     (r.prompt_tokens - std::min(r.prompt_tokens, o.cached_tokens)) / P;
+    std::snprintf(b, sizeof b, "%s%s %.3f s", others.empty() ? "" : ", ", s.name.empty() ? s.spec.c_str() : s.name.c_str(), t);
+    others += b;
+    if (t < d.predicted_seconds) d.predicted_seconds = t, d.option = int(i);
+  }
+  if (d.option < 0) {
+    std::snprintf(b, sizeof b, "recompute %u tokens: %.3f s", r.prompt_tokens, d.recompute_seconds);
+  } else {
+    const PoolOption& o = options[size_t(d.option)];
+    const StrategyCost& s = strategies[o.strategy];
+    std::snprintf(b, sizeof b, "fetch %u cached tokens as %s (ratio %.1f, quality %.4f) and prefill %u: %.3f s vs recompute %.3f s",
+                  o.cached_tokens, s.name.empty() ? s.spec.c_str() : s.name.c_str(), s.ratio, s.quality,
+                  r.prompt_tokens - std::min(r.prompt_tokens, o.cached_tokens), d.predicted_seconds, d.recompute_seconds);
+  }
+  d.explanation = b;
+  std::snprintf(b, sizeof b, "; at %.2f Gbit/s, gpu wait %.3f s", bandwidth_Bps * 8 / 1e9, r.gpu_wait_s);
+  d.explanation += b;
+  if (!others.empty()) d.explanation += "; options: " + others;
+  if (below_floor) d.explanation += "; " + std::to_string(below_floor) + " stored copies below the floor " + std::to_string(r.floor).substr(0, 5);
+  return d;
+}
+
+}  // namespace kvserve

@@ -1,0 +1,398 @@
+// Pool node (KV disaggregation): finds a prompt's longest cached prefix in the pool, fetches it
+// (decoding each chunk while the next is on the wire) or recomputes when that is faster,
+// computes the suffix and generates; then stores the chunks the pool lacked.
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "kvserve/codec.h"
+#include "kvserve/frame.h"
+#include "kvserve/serve.h"
+#include "serve/engine_util.h"
+#include "serve/wire.h"
+
+namespace kvserve {
+
+using serve_internal::Seconds;
+
+namespace {
+double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// Token selection works on a whole prompt with its prefill attention; per pool chunk it would
+// keep each chunk's first and last tokens, which is not what any profile measured.
+bool SelectsTokens(const std::string& spec) {
+  auto parsed = ParseStrategy(spec);
+  if (!parsed.ok()) return false;
+  for (const StageSpec& st : parsed->stages) {
+    const StageInfo* info = FindStageInfo(st.name);
+    if (info && info->selects_tokens) return true;
+  }
+  return false;
+}
+}  // namespace
+
+struct PoolNode::Fetch {
+  size_t chunks = 0;      // leading chunks fetched and decoded intact
+  uint32_t slots = 0;     // cache slots they filled (fewer than their tokens after token selection)
+  uint64_t bytes = 0;     // values fetched
+  double wire_s = 0, decode_s = 0;
+  bool corrupt = false;   // a value failed verification (deleted; recomputed from there)
+};
+
+Result<std::unique_ptr<PoolNode>> PoolNode::Create(PoolNodeOptions opts) {
+  if ((opts.model == nullptr) == (opts.synthetic == nullptr)) {
+    return Status::InvalidArgument("pool node needs a model or a synthetic model (one of them)");
+  }
+  if (opts.pool == nullptr && opts.policy != "recompute") return Status::InvalidArgument("pool node needs a pool");
+  if (opts.chunk_tokens == 0) return Status::InvalidArgument("pool chunk_tokens must be positive");
+  if (!(opts.assume_gbps > 0)) return Status::InvalidArgument("assume_gbps must be positive");
+  std::unique_ptr<PoolNode> n(new PoolNode(std::move(opts)));
+  PoolNodeOptions& o = n->opts_;
+  if (o.synthetic) {
+    n->bytes_per_token_ = double(o.synthetic->kv_bytes_per_token());
+  } else {
+    const LlamaConfig& c = o.model->config;
+    n->bytes_per_token_ = 2.0 * c.n_layer * c.n_head_kv * c.head_dim() * sizeof(float);
+  }
+  n->s_.push_back({"none", "none", 1.0, 1.0, 0, 0});
+  if (o.policy == "adaptive") {
+    if (o.profile == nullptr) return Status::InvalidArgument("pool policy adaptive needs a profile");
+    // Profiles count ratio and speed against fp16; a real model's pool holds f32 KV.
+    const double per_fp16 = o.synthetic ? 1.0 : 2.0;
+    for (StrategyCost c : StrategiesFromProfile(*o.profile)) {
+      if (c.none() || SelectsTokens(c.spec) || !Pipeline::Create(c.spec, o.env).ok()) continue;
+      c.ratio *= per_fp16, c.encode_Bps *= per_fp16, c.decode_Bps *= per_fp16;
+      n->s_.push_back(c);
+    }
+    for (size_t i = 0; i < n->s_.size(); ++i) n->candidates_.push_back(i);
+  } else if (o.policy != "recompute") {
+    KV_ASSIGN_OR_RETURN(std::string spec, CanonicalStrategy(o.policy));
+    KV_RETURN_IF_ERROR(Pipeline::Create(spec, o.env).status());
+    if (SelectsTokens(spec)) {
+      return Status::InvalidArgument("pool strategy '" + spec + "' selects tokens; pool chunks keep every token");
+    }
+    o.policy = spec;
+    if (spec != "none") n->s_.push_back({spec, ShortSpec(spec), 1.0, 1.0, 1, 1});
+    n->candidates_.push_back(n->s_.size() - 1);
+  }
+  return n;
+}
+
+double PoolNode::bandwidth_estimate_gbps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return estimator_.has_estimate() ? estimator_.estimate() * 8 / 1e9 : opts_.assume_gbps;
+}
+
+Status PoolNode::Prepare(uint32_t n_token) {
+  if (opts_.synthetic == nullptr) return Status::Ok();
+  return serve_internal::SyntheticPromptKv(*opts_.synthetic, n_token, opts_.threads).status();
+}
+
+// The copies to store: the strategy fastest to fetch at the expected bandwidth among those at or
+// above the floor, plus the fastest at safe_floor when the first is below it (a stricter request
+// later still finds a copy it may use).
+std::vector<size_t> PoolNode::StoreChoice(double floor) const {
+  if (opts_.policy == "recompute") return {};
+  if (opts_.policy != "adaptive") return {candidates_.front()};
+  const double bw = bandwidth_estimate_gbps() * 1e9 / 8;
+  const double bytes = bytes_per_token_ * opts_.chunk_tokens * 16;  // a typical prefix; the ranking barely depends on it
+  auto fastest = [&](double q) {
+    size_t best = 0;
+    double best_t = 1e300;
+    for (size_t i = 0; i < s_.size(); ++i) {
+      if (s_[i].quality < q) continue;
+      const double t = PoolFetchSeconds(s_[i], bytes, bw, 16);
+      if (t < best_t) best_t = t, best = i;
+    }
+    return best;
+  };
+  std::vector<size_t> out = {fastest(floor)};
+  if (s_[out[0]].quality < opts_.safe_floor) {
+    const size_t safe = fastest(opts_.safe_floor);
+    if (safe != out[0]) out.push_back(safe);
+  }
+  return out;
+}
+
+// Fetches chunks [0, n_chunks) of `keys` in order, one thread fetching while this one decodes;
+// stops at the first chunk missing (evicted since the lookup) or failing verification (deleted).
+// With a real model the chunks' KV fills the cache's slots from 0.
+Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, KvCache* cache, Fetch* out) {
+  struct Item {
+    size_t chunk;
+    ByteBuffer value;
+  };
+  serve_internal::BoundedQueue<Item> queue(2);
+  Status fetch_status;
+  double wire_s = 0;
+  std::thread fetcher([&] {
+    for (size_t c = 0; c < n_chunks; ++c) {
+      const Clock::time_point w0 = Clock::now();
+      auto v = opts_.pool->Get(keys[c]);
+      if (!v.ok()) {
+        fetch_status = v.status();
+        break;
+      }
+      if (!v.value()) break;  // evicted between lookup and fetch: recompute from here
+      if (opts_.pool_link) opts_.pool_link->Take(v.value()->size());
+      wire_s += Seconds(w0, Clock::now());
+      if (!queue.Push({c, std::move(*v.value())})) break;
+    }
+    queue.Finish();
+  });
+  const uint32_t n_layer = opts_.synthetic ? opts_.synthetic->n_layer : opts_.model->config.n_layer;
+  const uint32_t n_head_kv = opts_.synthetic ? opts_.synthetic->n_head_kv : opts_.model->config.n_head_kv;
+  const uint32_t head_dim = opts_.synthetic ? opts_.synthetic->head_dim : opts_.model->config.head_dim();
+  KvBlock chunk;
+  CodecOptions co;
+  co.pool = opts_.threads;
+  while (auto item = queue.Pop()) {
+    const Clock::time_point d0 = Clock::now();
+    out->bytes += item->value.size();
+    // Verified before use: checksum (ParseFrame), then that it is this chunk of this model's KV.
+    auto view = ParseFrame(item->value);
+    bool fits = view.ok();
+    if (fits) {
+      const FrameHeader& h = view->header;
+      fits = h.shape.n_layer == n_layer && h.shape.n_head_kv == n_head_kv && h.shape.head_dim == head_dim &&
+             h.shape.n_token == opts_.chunk_tokens && h.token_offset == item->chunk * opts_.chunk_tokens;
+    }
+    if (fits) fits = DecodeKv(item->value, &chunk, co, opts_.env).ok();
+    if (fits && cache != nullptr) {
+      const KvShape& s = chunk.shape();
+      if (out->slots + s.n_token > cache->block.shape().n_token) {
+        fits = false;
+      } else {
+        KvBlock f32;
+        const KvBlock* src = &chunk;
+        if (chunk.dtype() != DType::kF32) {
+          auto conv = chunk.ConvertTo(DType::kF32);
+          fits = conv.ok();
+          if (fits) f32 = std::move(conv).value(), src = &f32;
+        }
+        for (uint64_t slab = 0; fits && slab < s.n_slab(); ++slab) {
+          std::memcpy(cache->block.slab_at(slab) + size_t(out->slots) * head_dim * sizeof(float), src->slab_at(slab),
+                      size_t(s.n_token) * head_dim * sizeof(float));
+        }
+      }
+    }
+    out->decode_s += Seconds(d0, Clock::now());
+    if (!fits) {
+      // Never used: deleted so the next request recomputes and stores it again.
+      out->corrupt = true;
+      metrics_.pool_corrupt++;
+      (void)opts_.pool->Delete(keys[item->chunk]);
+      queue.Close();
+      break;
+    }
+    out->chunks++;
+    out->slots += chunk.shape().n_token;
+  }
+  queue.Close();
+  fetcher.join();
+  out->wire_s = wire_s;
+  return fetch_status;
+}
+
+Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
+  const Clock::time_point t0 = Clock::now();
+  if (req.prompt.empty()) return Status::InvalidArgument("empty prompt");
+  if (req.max_new_tokens < 1) return Status::InvalidArgument("max_new_tokens must be at least 1");
+  const uint32_t n = uint32_t(req.prompt.size());
+  if (opts_.model) {
+    const LlamaConfig& cfg = opts_.model->config;
+    if (n >= cfg.seq_len) {
+      return Status::OutOfRange("prompt of " + std::to_string(n) + " tokens does not fit the context of " +
+                                std::to_string(cfg.seq_len));
+    }
+    for (int t : req.prompt) {
+      if (t < 0 || uint32_t(t) >= cfg.vocab_size) {
+        return Status::InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary of " +
+                                       std::to_string(cfg.vocab_size));
+      }
+    }
+  }
+  ServeResponse out;
+  out.id = req.id;
+  out.strategy = "none";
+  out.kv_bytes = uint64_t(bytes_per_token_ * n);
+  // Chunks wholly before the last token: the last one is always computed, for its logits.
+  PoolKeyOptions ko{opts_.synthetic ? opts_.synthetic->name : opts_.model->sha256, opts_.chunk_tokens, opts_.placement};
+  const std::vector<std::string> chain = PrefixChainHashes(ko, std::span(req.prompt.data(), n - 1));
+  const size_t n_full = chain.size();
+  // How many leading chunks the pool holds in each candidate copy (one pipelined lookup).
+  std::vector<size_t> present(s_.size(), 0);
+  if (n_full > 0 && !candidates_.empty()) {
+    std::vector<std::string> keys;
+    for (size_t s : candidates_)
+      for (size_t c = 0; c < n_full; ++c) keys.push_back(PoolChunkKey(ko, chain, c, s_[s].spec));
+    auto exists = opts_.pool->ExistsMany(keys);
+    if (exists.ok()) {
+      for (size_t k = 0; k < candidates_.size(); ++k) {
+        size_t c = 0;
+        while (c < n_full && (*exists)[k * n_full + c]) ++c;
+        present[candidates_[k]] = c;
+      }
+    } else {
+      metrics_.pool_errors++;  // the pool is down: serve as a miss
+    }
+  }
+  // Fetch or recompute.
+  const double floor = std::max(req.floor, [&] {
+    double f = 0;
+    for (const auto& [label, lf] : ControllerOptions{}.label_floors)
+      if (label == req.label) f = lf;
+    return f;
+  }());
+  int fetch_strategy = -1;
+  size_t fetch_chunks = 0;
+  bool any_present = false;
+  for (size_t s : candidates_) any_present |= present[s] > 0;
+  double tps;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tps = opts_.synthetic ? opts_.synthetic->prefill_tokens_per_second
+          : opts_.prefill_tokens_per_second > 0 ? opts_.prefill_tokens_per_second
+          : measured_tps_ > 0 ? measured_tps_ : 1e4;
+  }
+  if (any_present) {
+    if (opts_.policy == "adaptive") {
+      std::vector<PoolOption> options;
+      for (size_t s : candidates_)
+        if (present[s]) options.push_back({uint32_t(s), uint32_t(present[s] * opts_.chunk_tokens)});
+      PoolFetchRequest r;
+      r.prompt_tokens = n;
+      r.kv_bytes_per_token = bytes_per_token_;
+      r.prefill_tokens_per_second = tps;
+      r.gpu_wait_s = double(queued_tokens_.load()) / tps;
+      r.floor = floor;
+      r.chunk_tokens = opts_.chunk_tokens;
+      double bw;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(Now()) : opts_.assume_gbps * 1e9 / 8;
+      }
+      const PoolFetchDecision d = DecidePoolFetch(s_, options, r, bw);
+      out.explanation = d.explanation;
+      if (d.option >= 0) fetch_strategy = int(options[size_t(d.option)].strategy), fetch_chunks = present[size_t(fetch_strategy)];
+    } else {
+      fetch_strategy = int(candidates_.front());
+      fetch_chunks = present[candidates_.front()];
+      out.explanation = "fixed pool strategy " + ShortSpec(s_[size_t(fetch_strategy)].spec);
+    }
+  } else {
+    out.explanation = opts_.policy == "recompute" ? "recompute policy" : "no cached prefix";
+  }
+  std::optional<KvCache> cache;
+  if (opts_.model) {
+    KV_ASSIGN_OR_RETURN(KvCache c, KvCache::Create(opts_.model->config));
+    cache = std::move(c);
+  }
+  Fetch fetched;
+  if (fetch_strategy >= 0) {
+    std::vector<std::string> keys;
+    for (size_t c = 0; c < fetch_chunks; ++c) keys.push_back(PoolChunkKey(ko, chain, c, s_[size_t(fetch_strategy)].spec));
+    const Clock::time_point f0 = Clock::now();
+    const Status st = FetchPrefix(keys, fetch_chunks, cache ? &*cache : nullptr, &fetched);
+    out.timings.fetch_s = Seconds(f0, Clock::now());
+    out.timings.wire_s = fetched.wire_s;
+    out.timings.decode_s = fetched.decode_s;
+    if (!st.ok()) metrics_.pool_errors++;
+    if (fetched.bytes > 0 && fetched.wire_s > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      estimator_.AddSample(double(fetched.bytes), fetched.wire_s, Now());
+    }
+    out.wire_bytes = fetched.bytes;
+  }
+  const uint32_t cached = uint32_t(fetched.chunks * opts_.chunk_tokens);
+  out.cached_tokens = cached;
+  out.pool_action = cached > 0 ? "fetch" : any_present ? "recompute" : "miss";
+  if (cached > 0) out.strategy = s_[size_t(fetch_strategy)].spec;
+  (cached > 0 ? metrics_.pool_hits : any_present ? metrics_.pool_recomputes : metrics_.pool_misses)++;
+  // The suffix (or everything), one prompt at a time.
+  const uint32_t compute = n - cached;
+  int first_token = 0;
+  KvBlock prompt_kv;  // real model: the prompt's exact KV, for storing
+  queued_tokens_ += compute;
+  {
+    std::unique_lock<std::mutex> gpu(compute_mu_);
+    const Clock::time_point started = Clock::now();
+    out.timings.queue_s = Seconds(t0, started) - out.timings.fetch_s;
+    if (opts_.synthetic) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(compute / opts_.synthetic->prefill_tokens_per_second));
+    } else {
+      const LlamaConfig& cfg = opts_.model->config;
+      cache->Rewind(fetched.slots, cached);
+      LlamaEngine engine(*opts_.model);
+      std::vector<float> logits(cfg.vocab_size);
+      const Status st = engine.Forward(req.prompt.data() + cached, compute, &*cache, logits.data(), true);
+      if (!st.ok()) {
+        queued_tokens_ -= compute;
+        metrics_.errors++;
+        return st.WithContext("request " + std::to_string(req.id));
+      }
+      first_token = int(Argmax(logits.data(), cfg.vocab_size));
+    }
+    out.timings.prefill_s = Seconds(started, Clock::now());
+    queued_tokens_ -= compute;
+  }
+  out.timings.first_token_s = Seconds(t0, Clock::now());
+  if (opts_.model && compute > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const double rate = compute / std::max(1e-9, out.timings.prefill_s);
+    measured_tps_ = measured_tps_ > 0 ? 0.7 * measured_tps_ + 0.3 * rate : rate;
+  }
+  // What to store: only exact KV. After a lossy prefix the suffix's KV is computed over it and
+  // is not exact either, so only a miss, a recompute or an uncompressed fetch stores. The
+  // prompt's KV is taken before generation extends the cache.
+  const bool exact = cached == 0 || s_[size_t(fetch_strategy)].none();
+  const std::vector<size_t> store = n_full > 0 && exact ? StoreChoice(floor) : std::vector<size_t>{};
+  if (opts_.model && !store.empty()) {
+    KV_ASSIGN_OR_RETURN(prompt_kv, cache->Prefix(uint32_t(n_full * opts_.chunk_tokens)));
+  }
+  const Clock::time_point g0 = Clock::now();
+  if (opts_.synthetic) {
+    out.tokens = serve_internal::SyntheticTokens(*opts_.synthetic, first_token, req.max_new_tokens);
+  } else {
+    KV_ASSIGN_OR_RETURN(out.tokens, serve_internal::GreedyContinue(*opts_.model, &*cache, first_token, req.max_new_tokens));
+  }
+  out.timings.generate_s = Seconds(g0, Clock::now());
+  out.timings.total_s = Seconds(t0, Clock::now());
+  metrics_.requests++;
+  metrics_.cached_tokens += cached;
+  metrics_.computed_tokens += compute;
+  metrics_.kv_bytes += out.kv_bytes;
+  metrics_.wire_bytes += out.wire_bytes;
+  // Store the chunks each chosen copy lacks, from the exact KV (the synthetic stand-in's, or
+  // this prompt's computed here). A chunk that came from the pool lossy is not re-stored from it.
+  const Clock::time_point s0 = Clock::now();
+  std::shared_ptr<const KvBlock> synth_kv;
+  if (opts_.synthetic && !store.empty()) {
+    KV_ASSIGN_OR_RETURN(synth_kv, serve_internal::SyntheticPromptKv(*opts_.synthetic, n, opts_.threads));
+  }
+  for (size_t s : store) {
+    const size_t from = present[s];
+    if (from >= n_full || (opts_.model && prompt_kv.shape().n_token == 0)) continue;
+    KV_ASSIGN_OR_RETURN(Pipeline pipeline, Pipeline::Create(s_[s].spec, opts_.env));
+    CodecOptions co;
+    co.pool = opts_.threads;
+    const KvBlock& src = opts_.synthetic ? *synth_kv : prompt_kv;
+    for (size_t c = from; c < n_full; ++c) {
+      KV_ASSIGN_OR_RETURN(KvBlock chunk, src.SliceTokens(uint32_t(c * opts_.chunk_tokens), opts_.chunk_tokens));
+      ByteBuffer frame;
+      KV_RETURN_IF_ERROR(pipeline.Encode(chunk, &frame, co));
+      if (opts_.pool_link) opts_.pool_link->Take(frame.size());
+      const Status st = opts_.pool->Put(PoolChunkKey(ko, chain, c, s_[s].spec), frame);
+      if (!st.ok()) {
+        metrics_.pool_errors++;
+        break;  // the pool is down or full: serving goes on without it
+      }
+      out.stored_bytes += frame.size();
+    }
+  }
+  out.timings.store_s = Seconds(s0, Clock::now());
+  metrics_.stored_bytes += out.stored_bytes;
+  return out;
+}
+
+}  // namespace kvserve

@@ -1,0 +1,246 @@
+// Pool node (KV disaggregation) with the shipped models: a hit of the uncompressed pool gives
+// the tokens of local generation; the adaptive node fetches a copy within the floor or
+// recomputes when that is faster; every fault — a corrupted value, a chunk evicted between
+// lookup and fetch, Redis stopped (and back), a cluster node killed — ends in right tokens.
+#include <gtest/gtest.h>
+
+#include "kvserve/profile.h"
+#include "kvserve/serve.h"
+#include "model/model_test_util.h"
+#include "serve/redis_test_util.h"
+#include "test_paths.h"
+
+namespace kvserve {
+namespace {
+
+using testing::Baby;
+using testing::Stories;
+
+constexpr uint32_t kChunk = 16;
+
+ServeRequest Req(const LlamaModel& m, const std::string& text, uint32_t n, uint64_t id = 1) {
+  ServeRequest r;
+  r.id = id;
+  r.prompt = m.tokenizer.Encode(text, true);
+  r.max_new_tokens = n;
+  return r;
+}
+
+const char* kStory = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park "
+                     "with her big red ball. One day, she saw a dog";
+
+std::vector<int> Local(const LlamaModel& m, const ServeRequest& r) {
+  LlamaEngine engine(m);
+  return engine.Generate(r.prompt, r.max_new_tokens).value();
+}
+
+std::unique_ptr<PoolNode> Node(const LlamaModel& m, KvPool* pool, const std::string& policy, const Profile* profile = nullptr,
+                               double gbps = 10) {
+  PoolNodeOptions o;
+  o.model = &m;
+  o.pool = pool;
+  o.chunk_tokens = kChunk;
+  o.policy = policy;
+  o.profile = profile;
+  o.assume_gbps = gbps;
+  auto n = PoolNode::Create(o);
+  EXPECT_TRUE(n.ok()) << n.status().ToString();
+  return std::move(n).value();
+}
+
+TEST(PoolNode, UncompressedHitGivesLocalTokensForBothModels) {
+  for (const LlamaModel* m : {&Stories(), &Baby()}) {
+    auto pool = MakeEmbeddedPool();
+    auto node = Node(*m, pool.get(), "none");
+    const ServeRequest req = Req(*m, kStory, 24);
+    ASSERT_GT(req.prompt.size(), 2 * kChunk) << m->name;
+    const std::vector<int> local = Local(*m, req);
+    auto miss = node->Serve(req);
+    ASSERT_TRUE(miss.ok()) << miss.status().ToString();
+    EXPECT_EQ(miss->pool_action, "miss");
+    EXPECT_EQ(miss->tokens, local) << m->name;
+    EXPECT_GT(miss->stored_bytes, 0u);
+    auto hit = node->Serve(req);
+    ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+    EXPECT_EQ(hit->pool_action, "fetch");
+    EXPECT_EQ(hit->cached_tokens, (req.prompt.size() - 1) / kChunk * kChunk);
+    EXPECT_EQ(hit->tokens, local) << m->name;
+    EXPECT_EQ(hit->stored_bytes, 0u);  // nothing new to store
+    // A prompt sharing only the first chunk fetches that chunk and computes the rest.
+    ServeRequest other = req;
+    other.prompt[kChunk + 3] = other.prompt[kChunk + 3] == 5 ? 6 : 5;
+    auto part = node->Serve(other);
+    ASSERT_TRUE(part.ok());
+    EXPECT_EQ(part->cached_tokens, kChunk);
+    EXPECT_EQ(part->tokens, Local(*m, other)) << m->name;
+    EXPECT_EQ(node->metrics().pool_hits.load(), 2u);
+  }
+}
+
+TEST(PoolNode, RecomputePolicyNeverTouchesThePool) {
+  auto pool = MakeEmbeddedPool();
+  auto node = Node(Stories(), pool.get(), "recompute");
+  const ServeRequest req = Req(Stories(), kStory, 8);
+  for (int i = 0; i < 2; ++i) {
+    auto r = node->Serve(req);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->cached_tokens, 0u);
+    EXPECT_EQ(r->tokens, Local(Stories(), req));
+  }
+  EXPECT_EQ(pool->Stats().value().entries, 0u);
+}
+
+TEST(PoolNode, TokenSelectingPoolStrategiesAreRefused) {
+  auto pool = MakeEmbeddedPool();
+  PoolNodeOptions o;
+  o.model = &Stories();
+  o.pool = pool.get();
+  o.policy = "prune(keep=0.5)|quant";
+  auto n = PoolNode::Create(o);
+  ASSERT_FALSE(n.ok());
+  EXPECT_NE(n.status().message().find("selects tokens"), std::string::npos);
+}
+
+TEST(PoolNode, AdaptiveFetchesACopyWithinTheFloorOrRecomputesWhenThatIsFaster) {
+  const Profile profile = LoadProfile(SourceDir() + "/bench/profiles/default.json").value();
+  auto pool = MakeEmbeddedPool();
+  // A slow pool link: the compressed copy is fetched.
+  auto slow = Node(Baby(), pool.get(), "adaptive", &profile, 0.05);
+  ServeRequest req = Req(Baby(), kStory, 8);
+  req.floor = 0.99;
+  ASSERT_TRUE(slow->Serve(req).ok());  // miss: stores
+  auto hit = slow->Serve(req);
+  ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+  EXPECT_EQ(hit->pool_action, "fetch");
+  EXPECT_NE(hit->strategy, "none");
+  double q = 0;
+  for (const StrategyCost& s : slow->strategies()) if (s.spec == hit->strategy) q = s.quality;
+  EXPECT_GE(q, 0.99) << hit->strategy;
+  EXPECT_NE(hit->explanation.find("fetch"), std::string::npos) << hit->explanation;
+  // A stricter request still finds a copy it may use (the safe copy), or recomputes; never below.
+  ServeRequest strict = req;
+  strict.floor = 0.999;
+  auto s = slow->Serve(strict);
+  ASSERT_TRUE(s.ok());
+  if (s->pool_action == "fetch") {
+    for (const StrategyCost& c : slow->strategies()) if (c.spec == s->strategy) EXPECT_GE(c.quality, 0.999);
+  }
+  // A pool link so slow that fetching loses to computing the prompt: recompute, said so.
+  auto crawl = Node(Baby(), pool.get(), "adaptive", &profile, 1e-6);
+  auto r = crawl->Serve(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->pool_action, "recompute") << r->explanation;
+  EXPECT_EQ(r->tokens, Local(Baby(), req));
+  EXPECT_NE(r->explanation.find("recompute"), std::string::npos);
+}
+
+// Deletes each key just before it is fetched, once armed: eviction between lookup and fetch.
+class EvictingPool : public KvPool {
+ public:
+  explicit EvictingPool(KvPool* inner) : inner_(inner) {}
+  std::string name() const override { return "evicting"; }
+  Status Put(const std::string& k, std::span<const uint8_t> v) override { return inner_->Put(k, v); }
+  Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys) override {
+    if (armed) for (const std::string& k : keys) (void)inner_->Delete(k);
+    return inner_->GetMany(keys);
+  }
+  Result<std::vector<bool>> ExistsMany(const std::vector<std::string>& k) override { return inner_->ExistsMany(k); }
+  Status Delete(const std::string& k) override { return inner_->Delete(k); }
+  Result<PoolStats> Stats() override { return inner_->Stats(); }
+  Status Clear() override { return inner_->Clear(); }
+  bool armed = false;
+
+ private:
+  KvPool* inner_;
+};
+
+TEST(PoolNode, CorruptValuesAreDeletedAndRecomputedAndEvictionsMidFetchRecompute) {
+  auto inner = MakeEmbeddedPool();
+  EvictingPool pool(inner.get());
+  auto node = Node(Stories(), &pool, "none");
+  const ServeRequest req = Req(Stories(), kStory, 16);
+  const std::vector<int> local = Local(Stories(), req);
+  ASSERT_TRUE(node->Serve(req).ok());
+  // Fault injection: the second chunk's value overwritten with garbage in the pool.
+  PoolKeyOptions ko{Stories().sha256, kChunk};
+  const auto chain = PrefixChainHashes(ko, std::span(req.prompt.data(), req.prompt.size() - 1));
+  const std::string key1 = PoolChunkKey(ko, chain, 1, "none");
+  ByteBuffer garbage = inner->Get(key1).value().value();
+  garbage[garbage.size() / 2] ^= 0x40;
+  ASSERT_TRUE(inner->Put(key1, garbage).ok());
+  auto r = node->Serve(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->cached_tokens, kChunk);  // chunk 0 only: verified before use
+  EXPECT_EQ(r->tokens, local);
+  EXPECT_EQ(node->metrics().pool_corrupt.load(), 1u);
+  EXPECT_FALSE(inner->ExistsMany({key1}).value()[0] && inner->Get(key1).value().value() == garbage);
+  // Evicted between lookup and fetch: computed instead, same tokens.
+  pool.armed = true;
+  auto e = node->Serve(req);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->cached_tokens, 0u);
+  EXPECT_EQ(e->tokens, local);
+}
+
+TEST(PoolNode, RedisStoppedMidRunFallsBackToRecomputeAndReconnects) {
+  if (!testing::HaveRedis()) GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
+  testing::RedisServer server;
+  RedisPoolOptions ro;
+  ro.address = server.address();
+  ro.timeout_s = 0.5;
+  ro.reconnect_backoff_s = 0.05;
+  auto pool = MakeRedisPool(ro).value();
+  auto node = Node(Stories(), pool.get(), "none");
+  const ServeRequest req = Req(Stories(), kStory, 16);
+  const std::vector<int> local = Local(Stories(), req);
+  ASSERT_TRUE(node->Serve(req).ok());
+  ASSERT_EQ(node->Serve(req)->pool_action, "fetch");
+  server.Stop();
+  auto down = node->Serve(req);
+  ASSERT_TRUE(down.ok()) << down.status().ToString();
+  EXPECT_EQ(down->cached_tokens, 0u);
+  EXPECT_EQ(down->tokens, local);
+  EXPECT_GT(node->metrics().pool_errors.load(), 0u);
+  ASSERT_TRUE(server.Start());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // past the back-off
+  auto again = node->Serve(req);  // empty server: a miss that stores
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->tokens, local);
+  auto hit = node->Serve(req);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->pool_action, "fetch");
+  EXPECT_EQ(hit->tokens, local);
+}
+
+TEST(PoolNode, AKilledClusterNodeCostsItsPrefixesNotTheRequests) {
+  if (!testing::HaveRedis()) GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
+  testing::RedisCluster cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  RedisPoolOptions ro;
+  ro.address = cluster.node(0).address();
+  ro.cluster = true;
+  ro.timeout_s = 0.5;
+  ro.reconnect_backoff_s = 0.05;
+  auto pool = MakeRedisPool(ro).value();
+  auto node = Node(Stories(), pool.get(), "none");
+  // Prompts differing in their first chunk: their prefixes land on different nodes.
+  std::vector<ServeRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    ServeRequest r = Req(Stories(), kStory, 8, i + 1);
+    r.prompt[1 + i] = 100 + i;
+    reqs.push_back(r);
+    ASSERT_TRUE(node->Serve(r).ok());
+  }
+  cluster.node(2).Stop();
+  uint32_t hits = 0;
+  for (const ServeRequest& r : reqs) {
+    auto out = node->Serve(r);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_EQ(out->tokens, Local(Stories(), r));
+    hits += out->pool_action == "fetch";
+  }
+  EXPECT_GT(hits, 0u);
+}
+
+}  // namespace
+}  // namespace kvserve
