@@ -74,5 +74,6 @@ Result<LinkMeasurement> MeasureLink(Transport* transport, const std::string& con
 
 void AddServeCommands(CLI::App& app);
 void AddBenchE2eCommand(CLI::App& bench);
+void AddBenchPoolCommand(CLI::App& bench);
 
 }  // namespace kvserve::cli

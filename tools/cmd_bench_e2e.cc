@@ -33,6 +33,11 @@ struct E2eFlags {
   int threads = 2;
   uint64_t seed = 1;
   bool quick = false, as_json = false;
+  // --mode pool
+  double reuse = 0.8;
+  uint32_t suffix_tokens = 64, chunk_tokens = kDefaultChunkTokens;
+  std::string backend = "embedded", pool_address;
+  uint64_t pool_capacity_mib = 8192;
 };
 
 struct Policy {
@@ -49,12 +54,29 @@ struct Point {
   double wire_bytes = 0, compute_share = 0, capacity_rps = 0;
   uint32_t floor_violations = 0, errors = 0;
   std::map<std::string, uint32_t> choices;
+  // --mode pool
+  double hit_rate = 0, hit_ttft_mean_ms = 0, hit_ttft_p99_ms = 0, ttft_mean_ms = 0;
 };
 
 double Pct(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
+}
+
+// The answered requests of a point, in order; failed ones are counted in p->errors and said on stderr.
+std::vector<ServeResponse> Answers(std::vector<std::future<Result<ServeResponse>>>& futures, Point* p) {
+  std::vector<ServeResponse> out;
+  for (auto& fu : futures) {
+    auto r = fu.get();
+    if (!r.ok()) {
+      p->errors++;
+      std::fprintf(stderr, "bench e2e: %s\n", r.status().ToString().c_str());
+      continue;
+    }
+    out.push_back(std::move(r).value());
+  }
+  return out;
 }
 
 // One measured link: a decode node and a prefill node of the synthetic model over TCP shaped to
@@ -121,13 +143,8 @@ Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Pro
   std::vector<double> jct, ttft;
   double compute = 0, total = 0, q = 0;
   uint32_t ok_slo = 0;
-  for (auto& fu : futures) {
-    auto r = fu.get();
-    if (!r.ok()) {
-      p.errors++;
-      std::fprintf(stderr, "bench e2e: %s\n", r.status().ToString().c_str());
-      continue;
-    }
+  for (const ServeResponse& resp : Answers(futures, &p)) {
+    const ServeResponse* r = &resp;
     const StageTimings& t = r->timings;
     jct.push_back(t.total_s * 1e3);
     const double first = (t.total_s - t.generate_s) * 1e3;  // KV ready at the decode node
@@ -241,7 +258,9 @@ Result<Point> RunModelled(const E2eFlags& f, const SyntheticModel& sm, const Pro
   return p;
 }
 
-std::string PlotSvg(const std::vector<Point>& points, const std::vector<Policy>& policies, double ceiling) {
+// `what` names the plotted figure (each point's mean_ms); hollow points are modelled.
+std::string PlotSvg(const std::vector<Point>& points, const std::vector<Policy>& policies, double ceiling,
+                    const std::string& what = "mean JCT") {
   const double W = 720, H = 420, L = 70, R = 170, T = 30, B = 50;
   double lo = 1e30, hi = 0, gmin = 1e30, gmax = 0;
   for (const Point& p : points) lo = std::min(lo, p.mean_ms), hi = std::max(hi, p.mean_ms), gmin = std::min(gmin, p.gbps), gmax = std::max(gmax, p.gbps);
@@ -254,7 +273,8 @@ std::string PlotSvg(const std::vector<Point>& points, const std::vector<Policy>&
   char b[512];
   std::string s = "<svg xmlns='http://www.w3.org/2000/svg' width='720' height='420' font-family='sans-serif' font-size='12'>\n";
   s += "<rect width='100%' height='100%' fill='white'/>\n";
-  std::snprintf(b, sizeof b, "<text x='%g' y='18'>mean JCT vs link bandwidth (hollow: modelled, above the %.1f Gbit/s link ceiling)</text>\n", L, ceiling);
+  std::snprintf(b, sizeof b, "<text x='%g' y='18'>%s vs link bandwidth (hollow: modelled, above the %.1f Gbit/s link ceiling)</text>\n", L,
+                what.c_str(), ceiling);
   s += b;
   for (double v = lo; v <= hi * 1.001; v *= 10) {
     std::snprintf(b, sizeof b, "<line x1='%g' x2='%g' y1='%g' y2='%g' stroke='#ddd'/><text x='%g' y='%g' text-anchor='end'>%g ms</text>\n",
@@ -287,31 +307,63 @@ std::string PlotSvg(const std::vector<Point>& points, const std::vector<Policy>&
   return s + "</svg>\n";
 }
 
-Status RunE2e(E2eFlags f) {
-  if (f.mode != "pd") return Status::Unsupported("bench e2e --mode " + f.mode + ": only pd is built so far");
-  if (f.quick) f.bandwidths = {1, 10}, f.requests = std::min<uint32_t>(f.requests, 6), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
+// Policies: none, adaptive, and the static methods of the strategy table (with the quality,
+// ratio and speeds that table measured on a real model and this machine).
+Result<std::vector<Policy>> LoadPolicies(const E2eFlags& f) {
+  std::vector<Policy> policies = {{"none", "none"}, {"adaptive", ""}};
+  KV_ASSIGN_OR_RETURN(ByteBuffer text, ReadFile(f.table));
+  const json t = json::parse(text.begin(), text.end(), nullptr, false);
+  if (t.is_discarded() || !t.contains("rows")) return Status::Corrupt("strategy table '" + f.table + "' is not a table JSON");
+  for (const std::string& name : f.statics) {
+    bool found = false;
+    for (const json& row : t["rows"]) {
+      if (row.value("name", "") != name) continue;
+      policies.push_back({"static:" + name, row["spec"], row["relative_accuracy"], row["ratio"], row["encode_gbps"],
+                          row["decode_gbps"]});
+      found = true;
+    }
+    if (!found) return Status::InvalidArgument("static policy '" + name + "' is not a row of " + f.table);
+  }
+  return policies;
+}
+
+// The fields every e2e result starts with: what ran, the compute model, the link ceiling, the load.
+json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, const char* mode, const char* note) {
+  return {{"mode", mode},
+          {"kv_shape", sm.name},
+          {"kv_bytes_per_token", sm.kv_bytes_per_token()},
+          {"compute_model", {{"prefill_tokens_per_second", sm.prefill_tokens_per_second},
+                             {"decode_tokens_per_second", sm.decode_tokens_per_second},
+                             {"note", note}}},
+          {"link_ceiling_gbps", ceiling},
+          {"requests", f.requests},
+          {"max_new_tokens", f.max_new},
+          {"load", f.load},
+          {"arrival", f.arrival},
+          {"slo_ms", f.slo_ms},
+          {"floor", f.floor},
+          {"codec_threads", f.threads}};
+}
+
+// The synthetic stand-in of --kv-shape with the flags' compute rates.
+Result<SyntheticModel> ModelOf(const E2eFlags& f) {
   KV_ASSIGN_OR_RETURN(SyntheticModel sm, SyntheticModelByName(f.kv_shape));
   sm.prefill_tokens_per_second = f.prefill_tps;
   sm.decode_tokens_per_second = f.decode_tps;
-  KV_ASSIGN_OR_RETURN(Profile profile, LoadProfile(f.profile));
-  // Policies: none, adaptive, and the static methods of the strategy table (with the quality,
-  // ratio and speeds that table measured on a real model and this machine).
-  std::vector<Policy> policies = {{"none", "none"}, {"adaptive", ""}};
-  {
-    KV_ASSIGN_OR_RETURN(ByteBuffer text, ReadFile(f.table));
-    const json t = json::parse(text.begin(), text.end(), nullptr, false);
-    if (t.is_discarded() || !t.contains("rows")) return Status::Corrupt("strategy table '" + f.table + "' is not a table JSON");
-    for (const std::string& name : f.statics) {
-      bool found = false;
-      for (const json& row : t["rows"]) {
-        if (row.value("name", "") != name) continue;
-        policies.push_back({"static:" + name, row["spec"], row["relative_accuracy"], row["ratio"], row["encode_gbps"],
-                            row["decode_gbps"]});
-        found = true;
-      }
-      if (!found) return Status::InvalidArgument("static policy '" + name + "' is not a row of " + f.table);
-    }
+  return sm;
+}
+
+Status RunPoolMode(const E2eFlags& f);
+
+Status RunE2e(E2eFlags f) {
+  if (f.mode == "pool") {
+    if (f.quick) f.bandwidths = {2, 15}, f.requests = std::min<uint32_t>(f.requests, 8), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
+    return RunPoolMode(f);
   }
+  if (f.quick) f.bandwidths = {1, 10}, f.requests = std::min<uint32_t>(f.requests, 6), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
+  KV_ASSIGN_OR_RETURN(SyntheticModel sm, ModelOf(f));
+  KV_ASSIGN_OR_RETURN(Profile profile, LoadProfile(f.profile));
+  KV_ASSIGN_OR_RETURN(std::vector<Policy> policies, LoadPolicies(f));
   // Prompts: fixed, or drawn from a workload file's lengths; arrivals at the rate that puts the
   // uncompressed link at the offered load.
   std::mt19937_64 rng(f.seed);
@@ -365,23 +417,10 @@ Status RunE2e(E2eFlags f) {
                     {"max_ms", std::max({st.encode_s, st.wire_s, st.decode_s}) * 1e3}, {"observed_ms", st.transfer_s * 1e3}};
     }
   }
-  json out = {{"mode", "pd"},
-              {"kv_shape", sm.name},
-              {"kv_bytes_per_token", sm.kv_bytes_per_token()},
-              {"compute_model", {{"prefill_tokens_per_second", sm.prefill_tokens_per_second},
-                                 {"decode_tokens_per_second", sm.decode_tokens_per_second},
-                                 {"note", "synthetic KV and modelled GPU compute; codec, transport and link are real"}}},
-              {"link_ceiling_gbps", ceiling},
-              {"requests", f.requests},
-              {"mean_prompt_tokens", mean_tokens},
-              {"max_new_tokens", f.max_new},
-              {"load", f.load},
-              {"arrival", f.arrival},
-              {"slo_ms", f.slo_ms},
-              {"floor", f.floor},
-              {"codec_threads", f.threads},
-              {"ttft_definition", "arrival at the prefill node to the KV decoded at the decode node"},
-              {"pipelining", pipelining}};
+  json out = RunHeader(f, sm, ceiling, "pd", "synthetic KV and modelled GPU compute; codec, transport and link are real");
+  out["mean_prompt_tokens"] = mean_tokens;
+  out["ttft_definition"] = "arrival at the prefill node to the KV decoded at the decode node";
+  out["pipelining"] = pipelining;
   json pts = json::array();
   for (const Point& p : points) {
     pts.push_back({{"gbps", p.gbps}, {"policy", p.policy}, {"measured", p.measured}, {"mean_ms", p.mean_ms},
@@ -419,15 +458,200 @@ Status RunE2e(E2eFlags f) {
   return Status::Ok();
 }
 
+
+// ---- --mode pool: KV disaggregation --------------------------------------------------------------
+// Requests whose prompts are a shared document (prefix) plus their own suffix, through a PoolNode
+// per policy, with the pool behind a link shaped to each bandwidth. TTFT is what counts here.
+Status RunPoolMode(const E2eFlags& f) {
+  KV_ASSIGN_OR_RETURN(SyntheticModel sm, ModelOf(f));
+  KV_ASSIGN_OR_RETURN(Profile profile, LoadProfile(f.profile));
+  KV_ASSIGN_OR_RETURN(std::vector<Policy> policies, LoadPolicies(f));
+  policies.insert(policies.begin() + 1, Policy{"recompute", "recompute"});
+  std::unique_ptr<KvPool> pool;
+  if (f.backend == "embedded") {
+    pool = MakeEmbeddedPool({.capacity_bytes = f.pool_capacity_mib << 20});
+  } else {
+    if (f.pool_address.empty()) {
+      return Status::InvalidArgument("--backend " + f.backend + " needs --pool-address HOST:PORT of a running server "
+                                     "(e.g. redis-server --port 6390 --save '')");
+    }
+    RedisPoolOptions ro;
+    ro.address = f.pool_address;
+    ro.cluster = f.backend == "redis-cluster";
+    ro.timeout_s = 30;
+    KV_ASSIGN_OR_RETURN(pool, MakeRedisPool(ro));
+  }
+  const uint32_t prefix = f.prompt_tokens, n = prefix + f.suffix_tokens;
+  // Which document each request reuses: a new one, or with probability `reuse` one seen before.
+  std::mt19937_64 rng(f.seed);
+  std::vector<uint32_t> doc_of;
+  uint32_t n_docs = 0;
+  for (uint32_t i = 0; i < f.requests; ++i) {
+    const bool reuse = n_docs > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < f.reuse;
+    doc_of.push_back(reuse ? uint32_t(rng() % n_docs) : n_docs++);
+  }
+  auto prompt_of = [&](uint32_t i) {
+    std::vector<int> p(n);
+    for (uint32_t j = 0; j < n; ++j) {
+      const uint64_t salt = j < prefix ? doc_of[i] : 1000003ull + i;
+      p[j] = int(1 + (salt * 7919 + uint64_t(j) * 104729) % 30000);
+    }
+    return p;
+  };
+  const std::unique_ptr<Transport> probe = MakeTcpTransport();
+  KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(probe.get(), "", 128));
+  const double ceiling = link.gbps;
+  const double prefix_bytes = double(prefix) * sm.kv_bytes_per_token();
+  std::map<std::string, double> quality_of = {{"none", 1.0}};
+  for (const ProfileEntry& e : profile.pareto) quality_of[e.spec] = e.quality;
+  for (const Policy& p : policies) if (!p.spec.empty() && p.name != "recompute") quality_of[p.spec] = p.quality;
+  std::vector<Point> points;
+  for (double gbps : f.bandwidths) {
+    // Poisson arrivals at the rate that loads the uncompressed pool link to `load` with hits.
+    const double rate = f.arrival == "burst" ? 0 : f.load * gbps * 1e9 / 8 / prefix_bytes;
+    std::mt19937_64 arng(f.seed + 1);
+    std::exponential_distribution<double> gap(rate > 0 ? rate : 1);
+    std::vector<double> arrivals;
+    double t = 0;
+    for (uint32_t i = 0; i < f.requests; ++i) arrivals.push_back(t), t += rate > 0 ? gap(arng) : 0;
+    for (const Policy& pol : policies) {
+      if (StderrIsTerminal() || !f.as_json) std::fprintf(stderr, "bench e2e --mode pool: %s at %g Gbit/s...\n", pol.name.c_str(), gbps);
+      KV_RETURN_IF_ERROR(pool->Clear());
+      LinkShaper shaper(gbps);
+      PoolNodeOptions o;
+      o.synthetic = &sm;
+      o.pool = pool.get();
+      o.pool_link = &shaper;
+      o.chunk_tokens = f.chunk_tokens;
+      o.policy = pol.name == "adaptive" ? "adaptive" : pol.spec;
+      o.profile = &profile;
+      o.assume_gbps = gbps;
+      o.threads = Pool(f.threads);
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<PoolNode> node, PoolNode::Create(o));
+      KV_RETURN_IF_ERROR(node->Prepare(n));
+      std::vector<std::future<Result<ServeResponse>>> futures;
+      const auto start = Clock::now();
+      for (uint32_t i = 0; i < f.requests; ++i) {
+        std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+        futures.push_back(std::async(std::launch::async, [&, i] {
+          const double late = std::chrono::duration<double>(Clock::now() - start).count() - arrivals[i];
+          ServeRequest r;
+          r.id = i + 1;
+          r.prompt = prompt_of(i);
+          r.max_new_tokens = f.max_new;
+          r.slo_ms = f.slo_ms;
+          r.floor = f.floor;
+          auto out = node->Serve(r);
+          if (out.ok()) out->timings.first_token_s += late, out->timings.total_s += late;
+          return out;
+        }));
+      }
+      Point p;
+      p.gbps = gbps;
+      p.policy = pol.name;
+      p.measured = true;
+      std::vector<double> jct, ttft, hit_ttft;
+      double q = 0, compute = 0, total = 0;
+      uint32_t ok_slo = 0;
+      for (const ServeResponse& resp : Answers(futures, &p)) {
+        const ServeResponse* r = &resp;
+        const StageTimings& st = r->timings;
+        jct.push_back(st.total_s * 1e3);
+        ttft.push_back(st.first_token_s * 1e3);
+        if (r->cached_tokens > 0) hit_ttft.push_back(st.first_token_s * 1e3);
+        ok_slo += st.first_token_s * 1e3 <= f.slo_ms;
+        compute += st.prefill_s + st.generate_s;
+        total += st.total_s;
+        p.wire_bytes += double(r->wire_bytes);
+        const double rq = r->cached_tokens > 0 ? quality_of.count(r->strategy) ? quality_of[r->strategy] : 0.0 : 1.0;
+        q += rq;
+        p.floor_violations += rq < f.floor;
+        p.choices[r->pool_action == "fetch" ? (r->strategy == "none" ? "fetch:none" : "fetch:" + ShortSpec(r->strategy)) : r->pool_action]++;
+      }
+      if (jct.empty()) return Status::Unavailable("every request of " + pol.name + " failed");
+      auto mean = [](const std::vector<double>& v) {
+        double s = 0;
+        for (double x : v) s += x;
+        return v.empty() ? 0.0 : s / v.size();
+      };
+      p.mean_ms = mean(jct);
+      p.p50_ms = Pct(jct, 0.5);
+      p.p99_ms = Pct(jct, 0.99);
+      p.ttft_mean_ms = mean(ttft);
+      p.ttft_p99_ms = Pct(ttft, 0.99);
+      p.hit_ttft_mean_ms = mean(hit_ttft);
+      p.hit_ttft_p99_ms = Pct(hit_ttft, 0.99);
+      p.hit_rate = double(hit_ttft.size()) / jct.size();
+      p.slo_attainment = double(ok_slo) / f.requests;
+      p.goodput = ok_slo / std::max(1e-9, arrivals.back() + p.mean_ms / 1e3);
+      p.quality = q / jct.size();
+      p.compute_share = compute / std::max(1e-12, total);
+      points.push_back(std::move(p));
+    }
+  }
+  json out = RunHeader(f, sm, ceiling, "pool", "synthetic KV and modelled GPU compute; codec, pool and link pacing are real");
+  out["backend"] = pool->name();
+  out["pool_link"] = f.backend == "embedded" ? "in-process token bucket in front of the embedded pool"
+                                             : "loopback TCP to the server, paced by an in-process token bucket";
+  out["prefix_tokens"] = prefix;
+  out["suffix_tokens"] = f.suffix_tokens;
+  out["chunk_tokens"] = f.chunk_tokens;
+  out["reuse"] = f.reuse;
+  out["ttft_definition"] = "arrival at the node to the first token (prefix fetched or computed, suffix computed)";
+  json pts = json::array();
+  for (const Point& p : points) {
+    pts.push_back({{"gbps", p.gbps}, {"policy", p.policy}, {"measured", p.measured},
+                   {"machine_limited", f.backend != "embedded" && p.gbps > 0.9 * ceiling},
+                   {"mean_ms", p.mean_ms}, {"p50_ms", p.p50_ms}, {"p99_ms", p.p99_ms}, {"ttft_mean_ms", p.ttft_mean_ms},
+                   {"ttft_p99_ms", p.ttft_p99_ms}, {"hit_ttft_mean_ms", p.hit_ttft_mean_ms}, {"hit_ttft_p99_ms", p.hit_ttft_p99_ms},
+                   {"hit_rate", p.hit_rate}, {"slo_attainment", p.slo_attainment}, {"goodput_rps", p.goodput},
+                   {"wire_bytes", p.wire_bytes}, {"quality", p.quality}, {"floor_violations", p.floor_violations},
+                   {"errors", p.errors}, {"compute_share", p.compute_share}, {"choices", p.choices}});
+  }
+  out["points"] = pts;
+  if (!f.svg.empty()) {
+    std::vector<Point> plotted = points;
+    for (Point& p : plotted) p.mean_ms = std::max(1e-3, p.ttft_mean_ms);
+    const std::string svg = PlotSvg(plotted, policies, f.backend == "embedded" ? 1e9 : ceiling, "mean TTFT");
+    KV_RETURN_IF_ERROR(WriteFileAtomic(f.svg, std::span(reinterpret_cast<const uint8_t*>(svg.data()), svg.size())));
+  }
+  if (f.as_json) {
+    std::printf("%s\n", out.dump(1).c_str());
+    return Status::Ok();
+  }
+  std::printf("KV pool (%s): %s KV, %u requests, %u-token shared prefixes + %u, reuse %.2f, load %.2f; link ceiling %.1f Gbit/s\n",
+              pool->name().c_str(), sm.name.c_str(), f.requests, prefix, f.suffix_tokens, f.reuse, f.load, ceiling);
+  std::printf("%7s %-18s %6s %11s %11s %11s %6s %8s %9s %s\n", "Gbit/s", "policy", "hits", "TTFT ms", "hit TTFT", "TTFT p99",
+              "SLO", "quality", "vs none", "choices");
+  double none_ms = 0;
+  for (const Point& p : points) {
+    if (p.policy == "none") none_ms = p.hit_ttft_mean_ms;
+    std::string ch;
+    for (const auto& [k, v] : p.choices) ch += (ch.empty() ? "" : " ") + k + "=" + std::to_string(v);
+    std::printf("%7g %-18s %5.0f%% %11.1f %11.1f %11.1f %5.0f%% %8.4f %8.2fx %s\n", p.gbps, p.policy.c_str(), 100 * p.hit_rate,
+                p.ttft_mean_ms, p.hit_ttft_mean_ms, p.ttft_p99_ms, 100 * p.slo_attainment, p.quality,
+                p.hit_ttft_mean_ms > 0 ? none_ms / p.hit_ttft_mean_ms : 0.0, ch.c_str());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AddBenchE2eCommand(CLI::App& bench) {
   auto* c = bench.add_subcommand("e2e", "End-to-end PD serving across bandwidths and policies (JCT, TTFT, SLO, capacity)");
   auto f = std::make_shared<E2eFlags>();
-  c->add_option("--mode", f->mode, "pd (KV-pool mode: not yet)")->capture_default_str();
+  c->add_option("--mode", f->mode, "pd (prefill to decode node) | pool (prefix KV fetched from a pool)")
+      ->capture_default_str()->check(CLI::IsMember({"pd", "pool"}));
+  c->add_option("--reuse", f->reuse, "pool: probability that a request reuses a document seen before")->capture_default_str()->check(InRange(0, 1));
+  c->add_option("--suffix-tokens", f->suffix_tokens, "pool: tokens after the shared prefix")->capture_default_str()->check(InRange(1, 1 << 16));
+  c->add_option("--chunk-tokens", f->chunk_tokens, "pool: tokens per stored chunk")->capture_default_str()->check(InRange(1, 1 << 16));
+  c->add_option("--backend", f->backend, "pool: embedded | redis | redis-cluster")->capture_default_str()
+      ->check(CLI::IsMember({"embedded", "redis", "redis-cluster"}));
+  c->add_option("--pool-address", f->pool_address, "pool: HOST:PORT of the Redis server (or a cluster node)");
+  c->add_option("--pool-capacity-mib", f->pool_capacity_mib, "pool: embedded capacity (LRU beyond)")->capture_default_str()->check(InRange(1, 1 << 24));
   c->add_option("--bandwidths", f->bandwidths, "link rates in Gbit/s")->delimiter(',')->capture_default_str()->check(InRange(1e-3, 1e4));
   c->add_option("--requests", f->requests, "requests per point")->capture_default_str()->check(InRange(1, 10000));
-  c->add_option("--prompt-tokens", f->prompt_tokens, "prompt length (without --workload)")->capture_default_str()->check(InRange(1, 1 << 17));
+  c->add_option("--prompt-tokens", f->prompt_tokens, "prompt length (without --workload); pool: the shared prefix")->capture_default_str()->check(InRange(1, 1 << 17));
   c->add_option("--workload", f->workload, "workload CSV whose prompt lengths are used in turn");
   c->add_option("--max-new", f->max_new, "generated tokens per request")->capture_default_str()->check(InRange(1, 1 << 16));
   c->add_option("--load", f->load, "offered load on the uncompressed link")->capture_default_str()->check(InRange(0.01, 10));

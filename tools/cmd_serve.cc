@@ -338,7 +338,7 @@ Status RunBenchLink(const std::string& listen, const std::string& connect, uint3
 
 void AddServeCommands(CLI::App& app) {
   {
-    CLI::App* bench = app.add_subcommand("bench", "Serving benchmarks: the link, end to end");
+    CLI::App* bench = app.add_subcommand("bench", "Serving benchmarks: the link, end to end, the pool");
     bench->require_subcommand(1);
     auto* c = bench->add_subcommand("link", "Throughput the transport reaches over a link (the ceiling to report)");
     auto listen = std::make_shared<std::string>();
@@ -353,6 +353,7 @@ void AddServeCommands(CLI::App& app) {
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() { return RunBenchLink(*listen, *connect, *mib, *shape, *as_json); });
     AddBenchE2eCommand(*bench);
+    AddBenchPoolCommand(*bench);
   }
   CLI::App* serve = app.add_subcommand("serve", "PD-separated serving processes: decode node, prefill node, router");
   serve->require_subcommand(1);

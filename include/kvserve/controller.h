@@ -182,6 +182,9 @@ struct PoolFetchRequest {
   double gpu_wait_s = 0;                // compute queued ahead of this request
   double floor = 0.97;
   uint32_t chunk_tokens = 256;
+  // Per strategy: observed / predicted fetch time of this node's past fetches (an EWMA, the
+  // online correction of profiled speeds); null or missing entries: 1.
+  const std::vector<double>* fetch_correction = nullptr;
 };
 struct PoolFetchDecision {
   int option = -1;               // index into the options; -1: recompute

@@ -210,6 +210,7 @@ class PoolNode {
   mutable std::mutex mu_;           // estimator_, measured prefill rate
   BandwidthEstimator estimator_;
   double measured_tps_ = 0;
+  std::vector<double> fetch_correction_;  // per strategy, observed / predicted fetch time (EWMA)
   std::mutex compute_mu_;           // one prompt computes at a time, as on one GPU
   std::atomic<uint64_t> queued_tokens_{0};
   NodeMetrics metrics_;

@@ -33,7 +33,8 @@ PoolFetchDecision DecidePoolFetch(const std::vector<StrategyCost>& strategies, c
     }
     const double bytes = double(o.cached_tokens) * r.kv_bytes_per_token;
     const uint32_t chunks = std::max<uint32_t>(1, o.cached_tokens / std::max<uint32_t>(1, r.chunk_tokens));
-    const double t = std::max(PoolFetchSeconds(s, bytes, bandwidth_Bps, chunks), r.gpu_wait_s) +
+    const double corr = r.fetch_correction && o.strategy < r.fetch_correction->size() ? (*r.fetch_correction)[o.strategy] : 1.0;
+    const double t = std::max(corr * PoolFetchSeconds(s, bytes, bandwidth_Bps, chunks), r.gpu_wait_s) +
                      (r.prompt_tokens - std::min(r.prompt_tokens, o.cached_tokens)) / P;
     std::snprintf(b, sizeof b, "%s%s %.3f s", others.empty() ? "" : ", ", s.name.empty() ? s.spec.c_str() : s.name.c_str(), t);
     others += b;

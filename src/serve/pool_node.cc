@@ -2,6 +2,7 @@
 // (decoding each chunk while the next is on the wire) or recomputes when that is faster,
 // computes the suffix and generates; then stores the chunks the pool lacked.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -65,6 +66,7 @@ Result<std::unique_ptr<PoolNode>> PoolNode::Create(PoolNodeOptions opts) {
       n->s_.push_back(c);
     }
     for (size_t i = 0; i < n->s_.size(); ++i) n->candidates_.push_back(i);
+    n->fetch_correction_.assign(n->s_.size(), 1.0);
   } else if (o.policy != "recompute") {
     KV_ASSIGN_OR_RETURN(std::string spec, CanonicalStrategy(o.policy));
     KV_RETURN_IF_ERROR(Pipeline::Create(spec, o.env).status());
@@ -246,6 +248,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   }());
   int fetch_strategy = -1;
   size_t fetch_chunks = 0;
+  double planned_bw = 0;  // adaptive: the bandwidth the decision used
   bool any_present = false;
   for (size_t s : candidates_) any_present |= present[s] > 0;
   double tps;
@@ -268,11 +271,15 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
       r.floor = floor;
       r.chunk_tokens = opts_.chunk_tokens;
       double bw;
+      std::vector<double> correction;
       {
         std::lock_guard<std::mutex> lock(mu_);
         bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(Now()) : opts_.assume_gbps * 1e9 / 8;
+        correction = fetch_correction_;
       }
+      r.fetch_correction = &correction;
       const PoolFetchDecision d = DecidePoolFetch(s_, options, r, bw);
+      planned_bw = bw;
       out.explanation = d.explanation;
       if (d.option >= 0) fetch_strategy = int(options[size_t(d.option)].strategy), fetch_chunks = present[size_t(fetch_strategy)];
     } else {
@@ -301,6 +308,17 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
     if (fetched.bytes > 0 && fetched.wire_s > 0) {
       std::lock_guard<std::mutex> lock(mu_);
       estimator_.AddSample(double(fetched.bytes), fetched.wire_s, Now());
+      // Online correction: how long this fetch took against what the profiled speeds predict
+      // (decode under concurrent requests and the pool's copies are slower than a profile run).
+      if (planned_bw > 0 && fetched.chunks > 0 && size_t(fetch_strategy) < fetch_correction_.size()) {
+        const double predicted = PoolFetchSeconds(s_[size_t(fetch_strategy)], fetched.chunks * opts_.chunk_tokens * bytes_per_token_,
+                                                  planned_bw, uint32_t(fetched.chunks));
+        if (predicted > 0) {
+          const double ratio = std::clamp(out.timings.fetch_s / predicted, 0.1, 100.0);
+          double& c = fetch_correction_[size_t(fetch_strategy)];
+          c = std::exp(0.7 * std::log(c) + 0.3 * std::log(ratio));
+        }
+      }
     }
     out.wire_bytes = fetched.bytes;
   }

@@ -199,4 +199,35 @@ TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
   for (const char* k : {"sum_ms", "max_ms", "observed_ms"}) EXPECT_GT(j["pipelining"][k].get<double>(), 0) << k;
 }
 
+TEST(ServeCli, PoolBenchmarkRunsEveryPolicyAndHitsTheSharedPrefix) {
+  auto r = kvserve::testing::Cli(
+      "bench e2e --mode pool --bandwidths 15 --requests 4 --prompt-tokens 512 --suffix-tokens 16 --reuse 1 --max-new 2 "
+      "--static kivi2 --json 2>/dev/null", "", 300);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["mode"], "pool");
+  EXPECT_EQ(j["backend"], "embedded");
+  std::set<std::string> policies;
+  for (const json& p : j["points"]) {
+    const std::string policy = p["policy"];
+    policies.insert(policy);
+    EXPECT_EQ(p["errors"], 0) << p.dump();
+    EXPECT_EQ(p["floor_violations"], 0) << p.dump();
+    // Reuse 1: one document, so every request after the first can hit (if its store finished).
+    if (policy == "none" || policy == "static:kivi2") EXPECT_GT(p["hit_rate"].get<double>(), 0) << p.dump();
+    if (policy == "recompute") EXPECT_EQ(p["hit_rate"].get<double>(), 0) << p.dump();
+    EXPECT_GT(p["ttft_mean_ms"].get<double>(), 0);
+  }
+  EXPECT_EQ(policies, (std::set<std::string>{"none", "recompute", "adaptive", "static:kivi2"}));
+  auto missing = kvserve::testing::Cli("bench e2e --mode pool --backend redis");
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.out.find("--pool-address"), std::string::npos) << missing.out;
+  auto pb = kvserve::testing::Cli("bench pool --sizes-mib 1 --count 2 --json");
+  ASSERT_EQ(pb.code, 0) << pb.out;
+  const json b = json::parse(pb.out.substr(pb.out.find('{')), nullptr, false);
+  ASSERT_FALSE(b.is_discarded()) << pb.out;
+  EXPECT_GT(b["rows"][0]["get_gbps"].get<double>(), 0);
+}
+
 }  // namespace

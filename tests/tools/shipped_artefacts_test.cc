@@ -40,6 +40,9 @@ std::string Regenerate(const std::string& rel) {
       {"docs/results/e2e_pd", "build/kvserve bench e2e --kv-shape llama3-8b --prompt-tokens 4096 --bandwidths "
                               "1,2,5,10,25,50,100 --requests 12 --load 0.9 --json --svg docs/results/e2e_pd.svg > "
                               "docs/results/e2e_pd.json; then python3 scripts/e2e_report.py (docs/results/e2e_pd.md)"},
+      {"docs/results/e2e_pool", "build/kvserve bench e2e --mode pool --bandwidths 5,10,15 --requests 12 --prompt-tokens 4096 "
+                                "--json --svg docs/results/e2e_pool.svg > docs/results/e2e_pool.json; then python3 "
+                                "scripts/e2e_pool_report.py (docs/results/e2e_pool.md)"},
   };
   for (const auto& [prefix, cmd] : kCommands)
     if (rel.rfind(prefix, 0) == 0) return "stale " + rel + "; regenerate with: " + cmd;
@@ -193,6 +196,26 @@ TEST(ShippedArtefacts, FuzzSeedFramesAreCurrentFrames) {
     Status st = DecodeKv(b, &out);
     EXPECT_TRUE(st.ok()) << st.ToString();
   }
+}
+
+TEST(ShippedArtefacts, PoolEndToEndResultHasTheReportedFields) {
+  const std::string rel = "docs/results/e2e_pool.json";
+  SCOPED_TRACE(Regenerate(rel));
+  const json r = ReadJson(rel);
+  for (const char* k : {"mode", "backend", "kv_shape", "link_ceiling_gbps", "points", "compute_model", "reuse", "prefix_tokens"})
+    ASSERT_TRUE(r.contains(k)) << k;
+  EXPECT_EQ(r["mode"], "pool");
+  std::set<std::string> policies;
+  for (const json& p : r["points"]) {
+    for (const char* k : {"gbps", "policy", "measured", "ttft_mean_ms", "ttft_p99_ms", "hit_ttft_mean_ms", "hit_rate",
+                          "slo_attainment", "wire_bytes", "quality", "floor_violations", "choices"})
+      ASSERT_TRUE(p.contains(k)) << k << " in " << p.dump();
+    policies.insert(p["policy"].get<std::string>());
+    const std::string policy = p["policy"];
+    EXPECT_TRUE(policy == "none" || policy == "adaptive" || policy == "recompute" || policy.rfind("static:", 0) == 0) << policy;
+    if (policy == "recompute") EXPECT_EQ(p["hit_rate"].get<double>(), 0.0);
+  }
+  for (const char* k : {"none", "adaptive", "recompute"}) EXPECT_TRUE(policies.count(k)) << k;
 }
 
 }  // namespace
