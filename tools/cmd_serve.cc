@@ -8,6 +8,7 @@
 #include <cstring>
 #include <cstdio>
 #include <memory>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -119,6 +120,43 @@ Status RunDecode(const ModelFlags& mf, const std::string& listen, const std::str
   return Status::Ok();
 }
 
+// The HTTP API of a node that serves requests itself (prefill, pool): POST /generate, GET
+// /metrics (Prometheus, with the bandwidth estimate), GET /health; a JSON log line per request.
+void AddNodeRoutes(httplib::Server& svr, const LlamaModel& model, LogLevel log, const std::string& role,
+                   std::function<Result<ServeResponse>(const ServeRequest&)> serve, std::function<std::string()> metrics,
+                   std::function<double()> bandwidth_gbps) {
+  auto next_id = std::make_shared<std::atomic<uint64_t>>(1);
+  svr.set_payload_max_length(size_t(model.config.seq_len) * 64 + (64 << 10));
+  svr.Post("/generate", [&model, log, serve, next_id](const httplib::Request& req, httplib::Response& res) {
+    auto parsed = ParseServeRequest(req.body, &model.tokenizer, model.config.seq_len - 1);
+    if (!parsed.ok()) return ReplyError(res, parsed.status());
+    ServeRequest r = std::move(parsed).value();
+    if (r.id == 0) r.id = (*next_id)++;
+    auto out = serve(r);
+    if (!out.ok()) {
+      if (log != LogLevel::kQuiet) std::fprintf(stderr, "%s\n", json{{"id", r.id}, {"error", out.status().ToString()}}.dump().c_str());
+      return ReplyError(res, out.status());
+    }
+    const std::string body = ServeResponseJson(out.value(), &model.tokenizer);
+    if (log != LogLevel::kQuiet) {
+      // One structured line per request: what was chosen and why, and where the time went.
+      json line = json::parse(body);
+      line.erase("tokens");
+      line.erase("text");
+      std::fprintf(stderr, "%s\n", line.dump().c_str());
+    }
+    res.set_content(body + "\n", "application/json");
+  });
+  svr.Get("/metrics", [role, metrics, bandwidth_gbps](const httplib::Request&, httplib::Response& res) {
+    std::string m = metrics();
+    m += "# HELP kvserve_bandwidth_estimate_gbps the estimator's current link bandwidth\n"
+         "# TYPE kvserve_bandwidth_estimate_gbps gauge\nkvserve_bandwidth_estimate_gbps{node=\"" + role + "\"} " +
+         std::to_string(bandwidth_gbps()) + "\n";
+    res.set_content(m, "text/plain; version=0.0.4");
+  });
+  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+}
+
 struct PrefillFlags {
   ModelFlags model;
   std::string listen = "127.0.0.1:8080", profile, strategy = "none", log_level = "info";
@@ -151,38 +189,50 @@ Status RunPrefill(const PrefillFlags& f) {
   o.corrupt_every = f.corrupt_every;
   o.pool = Pool(f.threads);
   KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefillNode> node, PrefillNode::Create(transport.get(), o));
-  std::atomic<uint64_t> next_id{1};
   httplib::Server svr;
-  svr.set_payload_max_length(size_t(model.config.seq_len) * 64 + (64 << 10));
-  svr.Post("/generate", [&](const httplib::Request& req, httplib::Response& res) {
-    auto parsed = ParseServeRequest(req.body, &model.tokenizer, model.config.seq_len - 1);
-    if (!parsed.ok()) return ReplyError(res, parsed.status());
-    ServeRequest r = std::move(parsed).value();
-    if (r.id == 0) r.id = next_id++;
-    auto out = node->Serve(r);
-    if (!out.ok()) {
-      if (log != LogLevel::kQuiet) std::fprintf(stderr, "%s\n", json{{"id", r.id}, {"error", out.status().ToString()}}.dump().c_str());
-      return ReplyError(res, out.status());
-    }
-    const std::string body = ServeResponseJson(out.value(), &model.tokenizer);
-    if (log != LogLevel::kQuiet) {
-      // One structured line per request: what was chosen and why, and where the time went.
-      json line = json::parse(body);
-      line.erase("tokens");
-      line.erase("text");
-      std::fprintf(stderr, "%s\n", line.dump().c_str());
-    }
-    res.set_content(body + "\n", "application/json");
-  });
-  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    std::string m = node->metrics().Prometheus("prefill");
-    m += "# HELP kvserve_bandwidth_estimate_gbps the estimator's current link bandwidth\n"
-         "# TYPE kvserve_bandwidth_estimate_gbps gauge\nkvserve_bandwidth_estimate_gbps{node=\"prefill\"} " +
-         std::to_string(node->bandwidth_estimate_gbps()) + "\n";
-    res.set_content(m, "text/plain; version=0.0.4");
-  });
-  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  AddNodeRoutes(svr, model, log, "prefill", [&](const ServeRequest& r) { return node->Serve(r); },
+                [&] { return node->metrics().Prometheus("prefill"); }, [&] { return node->bandwidth_estimate_gbps(); });
   return ServeHttpUntilSignal(svr, f.listen, "prefill");
+}
+
+struct PoolServeFlags {
+  ModelFlags model;
+  std::string listen = "127.0.0.1:8090", pool = "embedded", policy = "none", profile, log_level = "info";
+  uint32_t chunk_tokens = kDefaultChunkTokens;
+  uint64_t capacity_mib = 4096;
+  double assume_gbps = 10, shape_gbps = 0;
+  int threads = 1;
+};
+
+Status RunPoolServe(const PoolServeFlags& f) {
+  BlockStopSignals();
+  const LogLevel log = ParseLogLevel(f.log_level);
+  KV_ASSIGN_OR_RETURN(LlamaModel model, f.model.Load());
+  std::unique_ptr<Profile> profile;
+  if (!f.profile.empty()) {
+    KV_ASSIGN_OR_RETURN(Profile p, LoadProfile(f.profile));
+    profile = std::make_unique<Profile>(std::move(p));
+  }
+  if (f.policy == "adaptive" && !profile) return Status::InvalidArgument("--policy adaptive needs --profile");
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, MakePool(f.pool, f.capacity_mib << 20));
+  std::unique_ptr<LinkShaper> shaper;
+  if (f.shape_gbps > 0) shaper = std::make_unique<LinkShaper>(f.shape_gbps);
+  PoolNodeOptions o;
+  o.model = &model;
+  o.env = Codec();
+  o.pool = pool.get();
+  o.pool_link = shaper.get();
+  o.chunk_tokens = f.chunk_tokens;
+  o.policy = f.policy;
+  o.profile = profile.get();
+  o.assume_gbps = f.shape_gbps > 0 ? f.shape_gbps : f.assume_gbps;
+  o.threads = Pool(f.threads);
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<PoolNode> node, PoolNode::Create(o));
+  if (log != LogLevel::kQuiet) std::fprintf(stderr, "pool node: model %s, pool %s, policy %s\n", model.name.c_str(), pool->name().c_str(), f.policy.c_str());
+  httplib::Server svr;
+  AddNodeRoutes(svr, model, log, "pool", [&](const ServeRequest& r) { return node->Serve(r); },
+                [&] { return node->metrics().Prometheus("pool"); }, [&] { return node->bandwidth_estimate_gbps(); });
+  return ServeHttpUntilSignal(svr, f.listen, "pool");
 }
 
 // The router: one HTTP front for several prefill nodes. It labels each request's workload (its
@@ -355,7 +405,7 @@ void AddServeCommands(CLI::App& app) {
     AddBenchE2eCommand(*bench);
     AddBenchPoolCommand(*bench);
   }
-  CLI::App* serve = app.add_subcommand("serve", "PD-separated serving processes: decode node, prefill node, router");
+  CLI::App* serve = app.add_subcommand("serve", "Serving processes: decode node, prefill node, router (PD separation); pool node (KV disaggregation)");
   serve->require_subcommand(1);
   const auto levels = CLI::IsMember({"quiet", "info", "debug"});
   {
@@ -390,6 +440,24 @@ void AddServeCommands(CLI::App& app) {
         ->capture_default_str()->check(InRange(0, 1e9));
     c->add_option("--log-level", f->log_level, "quiet | info (a JSON line per request) | debug")->capture_default_str()->check(levels);
     SetAction(c, [=]() { return RunPrefill(*f); });
+  }
+  {
+    auto* c = serve->add_subcommand("pool", "Pool node (KV disaggregation): HTTP POST /generate; fetches cached prefix KV or recomputes, generates");
+    auto f = std::make_shared<PoolServeFlags>();
+    f->model.Add(c);
+    c->add_option("--listen", f->listen, "HTTP host:port (port 0: a free one, printed)")->capture_default_str();
+    c->add_option("--pool", f->pool, "embedded | redis://HOST:PORT | redis-cluster://HOST:PORT")->capture_default_str();
+    c->add_option("--policy", f->policy, "adaptive (needs --profile) | recompute | a strategy stored and fetched")->capture_default_str();
+    c->add_option("--profile", f->profile, "profile file for --policy adaptive");
+    c->add_option("--chunk-tokens", f->chunk_tokens, "tokens per stored chunk")->capture_default_str()->check(InRange(1, 1 << 16));
+    c->add_option("--capacity-mib", f->capacity_mib, "embedded pool capacity (LRU beyond)")->capture_default_str()->check(InRange(1, 1 << 24));
+    c->add_option("--assume-gbps", f->assume_gbps, "pool bandwidth assumed before the first fetch is measured")
+        ->capture_default_str()->check(InRange(1e-6, 1e4));
+    c->add_option("--shape-gbps", f->shape_gbps, "pace pool traffic to this rate (in-process token bucket; 0: off)")
+        ->capture_default_str()->check(InRange(0, 1e4));
+    c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
+    c->add_option("--log-level", f->log_level, "quiet | info (a JSON line per request) | debug")->capture_default_str()->check(levels);
+    SetAction(c, [=]() { return RunPoolServe(*f); });
   }
   {
     auto* c = serve->add_subcommand("router", "Router: HTTP front that labels workloads and forwards to prefill nodes");

@@ -178,6 +178,8 @@ struct PoolNodeOptions {
   std::string policy = "adaptive";
   const Profile* profile = nullptr;
   double safe_floor = 0.99;
+  // A request's floor is max(its own, its label's), as in the controller.
+  std::vector<std::pair<std::string, double>> label_floors = ControllerOptions{}.label_floors;
   double assume_gbps = 10;          // pool bandwidth before the first measured fetch
   double prefill_tokens_per_second = 0;  // real model: for the decision (0: measured as it runs)
   ThreadPool* threads = nullptr;    // codec threads

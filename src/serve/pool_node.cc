@@ -240,12 +240,9 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
     }
   }
   // Fetch or recompute.
-  const double floor = std::max(req.floor, [&] {
-    double f = 0;
-    for (const auto& [label, lf] : ControllerOptions{}.label_floors)
-      if (label == req.label) f = lf;
-    return f;
-  }());
+  double floor = req.floor;
+  for (const auto& [label, lf] : opts_.label_floors)
+    if (label == req.label) floor = std::max(floor, lf);
   int fetch_strategy = -1;
   size_t fetch_chunks = 0;
   double planned_bw = 0;  // adaptive: the bandwidth the decision used

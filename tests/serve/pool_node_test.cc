@@ -125,6 +125,13 @@ TEST(PoolNode, AdaptiveFetchesACopyWithinTheFloorOrRecomputesWhenThatIsFaster) {
   if (s->pool_action == "fetch") {
     for (const StrategyCost& c : slow->strategies()) if (c.spec == s->strategy) EXPECT_GE(c.quality, 0.999);
   }
+  // A retrieval request with a low floor of its own still gets its label's 0.99.
+  ServeRequest retrieval = req;
+  retrieval.floor = 0.5;
+  retrieval.label = "retrieval";
+  auto rr = slow->Serve(retrieval);
+  ASSERT_TRUE(rr.ok());
+  for (const StrategyCost& c : slow->strategies()) if (c.spec == rr->strategy) EXPECT_GE(c.quality, 0.99) << c.spec;
   // A pool link so slow that fetching loses to computing the prompt: recompute, said so.
   auto crawl = Node(Baby(), pool.get(), "adaptive", &profile, 1e-6);
   auto r = crawl->Serve(req);
