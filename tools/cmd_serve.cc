@@ -157,6 +157,13 @@ void AddNodeRoutes(httplib::Server& svr, const LlamaModel& model, LogLevel log, 
   svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
 }
 
+// The profile at `path`, or null when no path was given.
+Result<std::unique_ptr<Profile>> OptionalProfile(const std::string& path) {
+  if (path.empty()) return std::unique_ptr<Profile>();
+  KV_ASSIGN_OR_RETURN(Profile p, LoadProfile(path));
+  return std::make_unique<Profile>(std::move(p));
+}
+
 struct PrefillFlags {
   ModelFlags model;
   std::string listen = "127.0.0.1:8080", profile, strategy = "none", log_level = "info";
@@ -170,11 +177,7 @@ Status RunPrefill(const PrefillFlags& f) {
   BlockStopSignals();
   const LogLevel log = ParseLogLevel(f.log_level);
   KV_ASSIGN_OR_RETURN(LlamaModel model, f.model.Load());
-  std::unique_ptr<Profile> profile;
-  if (!f.profile.empty()) {
-    KV_ASSIGN_OR_RETURN(Profile p, LoadProfile(f.profile));
-    profile = std::make_unique<Profile>(std::move(p));
-  }
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile));
   std::unique_ptr<LinkShaper> shaper;
   if (f.shape_gbps > 0) shaper = std::make_unique<LinkShaper>(f.shape_gbps);
   auto transport = MakeTcpTransport({.shaper = shaper.get()});
@@ -208,11 +211,7 @@ Status RunPoolServe(const PoolServeFlags& f) {
   BlockStopSignals();
   const LogLevel log = ParseLogLevel(f.log_level);
   KV_ASSIGN_OR_RETURN(LlamaModel model, f.model.Load());
-  std::unique_ptr<Profile> profile;
-  if (!f.profile.empty()) {
-    KV_ASSIGN_OR_RETURN(Profile p, LoadProfile(f.profile));
-    profile = std::make_unique<Profile>(std::move(p));
-  }
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile));
   if (f.policy == "adaptive" && !profile) return Status::InvalidArgument("--policy adaptive needs --profile");
   KV_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, MakePool(f.pool, f.capacity_mib << 20));
   std::unique_ptr<LinkShaper> shaper;

@@ -128,7 +128,11 @@ class Node {
       return Status::Unavailable("cannot connect to redis " + address() + ": " + why);
     }
     redisSetTimeout(c, Tv(o_.timeout_s));
-    if (had_failed) reconnects_++;
+    if (had_failed) {
+      // The first connection after a failure is the reconnect; later ones are the pool growing.
+      lock.lock();
+      if (failed_before_) reconnects_++, failed_before_ = false;
+    }
     return c;
   }
   void Release(redisContext* c, bool healthy) {
