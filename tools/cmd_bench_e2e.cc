@@ -327,6 +327,19 @@ Result<std::vector<Policy>> LoadPolicies(const E2eFlags& f) {
   return policies;
 }
 
+// The fields of a point both modes report.
+json PointJson(const Point& p) {
+  return {{"gbps", p.gbps}, {"policy", p.policy}, {"measured", p.measured}, {"mean_ms", p.mean_ms},
+          {"p50_ms", p.p50_ms}, {"p99_ms", p.p99_ms}, {"ttft_p99_ms", p.ttft_p99_ms},
+          {"slo_attainment", p.slo_attainment}, {"goodput_rps", p.goodput}, {"wire_bytes", p.wire_bytes},
+          {"quality", p.quality}, {"floor_violations", p.floor_violations}, {"errors", p.errors},
+          {"compute_share", p.compute_share}, {"choices", p.choices}};
+}
+
+Status WriteText(const std::string& path, const std::string& text) {
+  return WriteFileAtomic(path, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
 // The fields every e2e result starts with: what ran, the compute model, the link ceiling, the load.
 json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, const char* mode, const char* note) {
   return {{"mode", mode},
@@ -423,17 +436,12 @@ Status RunE2e(E2eFlags f) {
   out["pipelining"] = pipelining;
   json pts = json::array();
   for (const Point& p : points) {
-    pts.push_back({{"gbps", p.gbps}, {"policy", p.policy}, {"measured", p.measured}, {"mean_ms", p.mean_ms},
-                   {"p50_ms", p.p50_ms}, {"p99_ms", p.p99_ms}, {"ttft_p99_ms", p.ttft_p99_ms},
-                   {"slo_attainment", p.slo_attainment}, {"goodput_rps", p.goodput}, {"wire_bytes", p.wire_bytes},
-                   {"quality", p.quality}, {"floor_violations", p.floor_violations}, {"errors", p.errors},
-                   {"compute_share", p.compute_share}, {"capacity_rps_modelled", p.capacity_rps}, {"choices", p.choices}});
+    json j = PointJson(p);
+    j["capacity_rps_modelled"] = p.capacity_rps;
+    pts.push_back(std::move(j));
   }
   out["points"] = pts;
-  if (!f.svg.empty()) {
-    const std::string svg = PlotSvg(points, policies, ceiling);
-    KV_RETURN_IF_ERROR(WriteFileAtomic(f.svg, std::span(reinterpret_cast<const uint8_t*>(svg.data()), svg.size())));
-  }
+  if (!f.svg.empty()) KV_RETURN_IF_ERROR(WriteText(f.svg, PlotSvg(points, policies, ceiling)));
   if (f.as_json) {
     std::printf("%s\n", out.dump(1).c_str());
     return Status::Ok();
@@ -600,20 +608,19 @@ Status RunPoolMode(const E2eFlags& f) {
   out["ttft_definition"] = "arrival at the node to the first token (prefix fetched or computed, suffix computed)";
   json pts = json::array();
   for (const Point& p : points) {
-    pts.push_back({{"gbps", p.gbps}, {"policy", p.policy}, {"measured", p.measured},
-                   {"machine_limited", f.backend != "embedded" && p.gbps > 0.9 * ceiling},
-                   {"mean_ms", p.mean_ms}, {"p50_ms", p.p50_ms}, {"p99_ms", p.p99_ms}, {"ttft_mean_ms", p.ttft_mean_ms},
-                   {"ttft_p99_ms", p.ttft_p99_ms}, {"hit_ttft_mean_ms", p.hit_ttft_mean_ms}, {"hit_ttft_p99_ms", p.hit_ttft_p99_ms},
-                   {"hit_rate", p.hit_rate}, {"slo_attainment", p.slo_attainment}, {"goodput_rps", p.goodput},
-                   {"wire_bytes", p.wire_bytes}, {"quality", p.quality}, {"floor_violations", p.floor_violations},
-                   {"errors", p.errors}, {"compute_share", p.compute_share}, {"choices", p.choices}});
+    json j = PointJson(p);
+    j["machine_limited"] = f.backend != "embedded" && p.gbps > 0.9 * ceiling;
+    j["ttft_mean_ms"] = p.ttft_mean_ms;
+    j["hit_ttft_mean_ms"] = p.hit_ttft_mean_ms;
+    j["hit_ttft_p99_ms"] = p.hit_ttft_p99_ms;
+    j["hit_rate"] = p.hit_rate;
+    pts.push_back(std::move(j));
   }
   out["points"] = pts;
   if (!f.svg.empty()) {
     std::vector<Point> plotted = points;
     for (Point& p : plotted) p.mean_ms = std::max(1e-3, p.ttft_mean_ms);
-    const std::string svg = PlotSvg(plotted, policies, f.backend == "embedded" ? 1e9 : ceiling, "mean TTFT");
-    KV_RETURN_IF_ERROR(WriteFileAtomic(f.svg, std::span(reinterpret_cast<const uint8_t*>(svg.data()), svg.size())));
+    KV_RETURN_IF_ERROR(WriteText(f.svg, PlotSvg(plotted, policies, f.backend == "embedded" ? 1e9 : ceiling, "mean TTFT")));
   }
   if (f.as_json) {
     std::printf("%s\n", out.dump(1).c_str());

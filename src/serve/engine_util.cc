@@ -8,6 +8,20 @@
 
 namespace kvserve::serve_internal {
 
+Status CheckPrompt(const LlamaConfig& cfg, const std::vector<int>& prompt) {
+  if (prompt.size() >= cfg.seq_len) {
+    return Status::OutOfRange("prompt of " + std::to_string(prompt.size()) + " tokens does not fit the context of " +
+                              std::to_string(cfg.seq_len));
+  }
+  for (int t : prompt) {
+    if (t < 0 || uint32_t(t) >= cfg.vocab_size) {
+      return Status::InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary of " +
+                                     std::to_string(cfg.vocab_size));
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<int>> GreedyContinue(const LlamaModel& model, KvCache* cache, int first_token, uint32_t max_new) {
   const LlamaConfig& cfg = model.config;
   LlamaEngine engine(model);

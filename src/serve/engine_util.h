@@ -11,6 +11,10 @@
 
 namespace kvserve::serve_internal {
 
+// A prompt `model` can run: it fits the context and every id is in the vocabulary; errors name
+// the length or the id.
+Status CheckPrompt(const LlamaConfig& cfg, const std::vector<int>& prompt);
+
 // Greedy tokens from `first_token` on, exactly as LlamaEngine::Generate continues after its
 // prompt, over the prompt KV in `cache` (first_token is out[0]).
 Result<std::vector<int>> GreedyContinue(const LlamaModel& model, KvCache* cache, int first_token, uint32_t max_new);

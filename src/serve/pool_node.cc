@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "kvserve/codec.h"
-#include "kvserve/frame.h"
 #include "kvserve/serve.h"
 #include "serve/engine_util.h"
 #include "serve/wire.h"
@@ -37,7 +36,6 @@ struct PoolNode::Fetch {
   uint32_t slots = 0;     // cache slots they filled (fewer than their tokens after token selection)
   uint64_t bytes = 0;     // values fetched
   double wire_s = 0, decode_s = 0;
-  bool corrupt = false;   // a value failed verification (deleted; recomputed from there)
 };
 
 Result<std::unique_ptr<PoolNode>> PoolNode::Create(PoolNodeOptions opts) {
@@ -148,18 +146,19 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
   KvBlock chunk;
   CodecOptions co;
   co.pool = opts_.threads;
+  // A value claiming more than one chunk of f32 KV is refused before anything is allocated.
+  co.max_decoded_bytes = uint64_t{2} * n_layer * n_head_kv * opts_.chunk_tokens * head_dim * sizeof(float);
   while (auto item = queue.Pop()) {
     const Clock::time_point d0 = Clock::now();
     out->bytes += item->value.size();
-    // Verified before use: checksum (ParseFrame), then that it is this chunk of this model's KV.
-    auto view = ParseFrame(item->value);
-    bool fits = view.ok();
+    // Verified before use: the decode checks the checksum; then it must be this chunk of this
+    // model's KV.
+    bool fits = DecodeKv(item->value, &chunk, co, opts_.env).ok();
     if (fits) {
-      const FrameHeader& h = view->header;
-      fits = h.shape.n_layer == n_layer && h.shape.n_head_kv == n_head_kv && h.shape.head_dim == head_dim &&
-             h.shape.n_token == opts_.chunk_tokens && h.token_offset == item->chunk * opts_.chunk_tokens;
+      const KvShape& h = chunk.shape();
+      fits = h.n_layer == n_layer && h.n_head_kv == n_head_kv && h.head_dim == head_dim && h.n_token == opts_.chunk_tokens &&
+             chunk.positions().empty() && chunk.token_offset() == item->chunk * opts_.chunk_tokens;
     }
-    if (fits) fits = DecodeKv(item->value, &chunk, co, opts_.env).ok();
     if (fits && cache != nullptr) {
       const KvShape& s = chunk.shape();
       if (out->slots + s.n_token > cache->block.shape().n_token) {
@@ -181,7 +180,6 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
     out->decode_s += Seconds(d0, Clock::now());
     if (!fits) {
       // Never used: deleted so the next request recomputes and stores it again.
-      out->corrupt = true;
       metrics_.pool_corrupt++;
       (void)opts_.pool->Delete(keys[item->chunk]);
       queue.Close();
@@ -201,19 +199,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   if (req.prompt.empty()) return Status::InvalidArgument("empty prompt");
   if (req.max_new_tokens < 1) return Status::InvalidArgument("max_new_tokens must be at least 1");
   const uint32_t n = uint32_t(req.prompt.size());
-  if (opts_.model) {
-    const LlamaConfig& cfg = opts_.model->config;
-    if (n >= cfg.seq_len) {
-      return Status::OutOfRange("prompt of " + std::to_string(n) + " tokens does not fit the context of " +
-                                std::to_string(cfg.seq_len));
-    }
-    for (int t : req.prompt) {
-      if (t < 0 || uint32_t(t) >= cfg.vocab_size) {
-        return Status::InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary of " +
-                                       std::to_string(cfg.vocab_size));
-      }
-    }
-  }
+  if (opts_.model) KV_RETURN_IF_ERROR(serve_internal::CheckPrompt(opts_.model->config, req.prompt));
   ServeResponse out;
   out.id = req.id;
   out.strategy = "none";
@@ -319,6 +305,9 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
     }
     out.wire_bytes = fetched.bytes;
   }
+  // Chunks the lookup saw but the fetch lost (evicted since, or deleted as corrupt) are missing
+  // from that copy now: storing below puts them back.
+  if (fetch_strategy >= 0) present[size_t(fetch_strategy)] = fetched.chunks;
   const uint32_t cached = uint32_t(fetched.chunks * opts_.chunk_tokens);
   out.cached_tokens = cached;
   out.pool_action = cached > 0 ? "fetch" : any_present ? "recompute" : "miss";

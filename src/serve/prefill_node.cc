@@ -195,16 +195,7 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {
   } else {
     const LlamaModel& model = *opts_.model;
     const LlamaConfig& cfg = model.config;
-    if (n >= cfg.seq_len) {
-      return Status::OutOfRange("prompt of " + std::to_string(n) + " tokens does not fit the context of " +
-                                std::to_string(cfg.seq_len));
-    }
-    for (int t : req.prompt) {
-      if (t < 0 || uint32_t(t) >= cfg.vocab_size) {
-        return Status::InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary of " +
-                                       std::to_string(cfg.vocab_size));
-      }
-    }
+    KV_RETURN_IF_ERROR(serve_internal::CheckPrompt(cfg, req.prompt));
     // Prefill, capturing the attention token-selecting strategies rank by.
     LlamaEngine engine(model);
     KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(cfg));

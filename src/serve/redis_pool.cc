@@ -257,7 +257,9 @@ class RedisPool final : public KvPool {
 
   Status Delete(const std::string& key) override {
     std::vector<Reply> r;
-    KV_RETURN_IF_ERROR(Run(key, {Command().Arg("GET").Arg(key)}, &r));
+    // Only the head's header says how many parts there are: read those bytes, not the value.
+    const std::string last = std::to_string(kHeadBytes - 1);
+    KV_RETURN_IF_ERROR(Run(key, {Command().Arg("GETRANGE").Arg(key).Arg("0").Arg(last)}, &r));
     uint32_t n_parts = 1;
     if (r[0]->type == REDIS_REPLY_STRING && r[0]->len >= kHeadBytes && std::memcmp(r[0]->str, kPartMagic, 4) == 0) {
       n_parts = std::min<uint32_t>(GetU32(r[0]->str + 8), 1u << 20);

@@ -4,6 +4,7 @@
 // lookup and fetch, Redis stopped (and back), a cluster node killed — ends in right tokens.
 #include <gtest/gtest.h>
 
+#include "kvserve/frame.h"
 #include "kvserve/profile.h"
 #include "kvserve/serve.h"
 #include "model/model_test_util.h"
@@ -124,6 +125,9 @@ TEST(PoolNode, AdaptiveFetchesACopyWithinTheFloorOrRecomputesWhenThatIsFaster) {
   ASSERT_TRUE(s.ok());
   if (s->pool_action == "fetch") {
     for (const StrategyCost& c : slow->strategies()) if (c.spec == s->strategy) EXPECT_GE(c.quality, 0.999);
+  } else {
+    EXPECT_EQ(s->pool_action, "recompute") << s->explanation;
+    EXPECT_EQ(s->tokens, Local(Baby(), strict));
   }
   // A retrieval request with a low floor of its own still gets its label's 0.99.
   ServeRequest retrieval = req;
@@ -180,7 +184,11 @@ TEST(PoolNode, CorruptValuesAreDeletedAndRecomputedAndEvictionsMidFetchRecompute
   EXPECT_EQ(r->cached_tokens, kChunk);  // chunk 0 only: verified before use
   EXPECT_EQ(r->tokens, local);
   EXPECT_EQ(node->metrics().pool_corrupt.load(), 1u);
-  EXPECT_FALSE(inner->ExistsMany({key1}).value()[0] && inner->Get(key1).value().value() == garbage);
+  // Deleted, recomputed, and stored again intact.
+  const auto restored = inner->Get(key1).value();
+  ASSERT_TRUE(restored);
+  EXPECT_NE(*restored, garbage);
+  EXPECT_TRUE(ParseFrame(*restored).ok());
   // Evicted between lookup and fetch: computed instead, same tokens.
   pool.armed = true;
   auto e = node->Serve(req);
@@ -190,13 +198,9 @@ TEST(PoolNode, CorruptValuesAreDeletedAndRecomputedAndEvictionsMidFetchRecompute
 }
 
 TEST(PoolNode, RedisStoppedMidRunFallsBackToRecomputeAndReconnects) {
-  if (!testing::HaveRedis()) GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
+  ASSERT_TRUE(testing::HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
   testing::RedisServer server;
-  RedisPoolOptions ro;
-  ro.address = server.address();
-  ro.timeout_s = 0.5;
-  ro.reconnect_backoff_s = 0.05;
-  auto pool = MakeRedisPool(ro).value();
+  auto pool = MakeRedisPool(testing::TestPoolOptions(server.address())).value();
   auto node = Node(Stories(), pool.get(), "none");
   const ServeRequest req = Req(Stories(), kStory, 16);
   const std::vector<int> local = Local(Stories(), req);
@@ -220,15 +224,10 @@ TEST(PoolNode, RedisStoppedMidRunFallsBackToRecomputeAndReconnects) {
 }
 
 TEST(PoolNode, AKilledClusterNodeCostsItsPrefixesNotTheRequests) {
-  if (!testing::HaveRedis()) GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
+  ASSERT_TRUE(testing::HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
   testing::RedisCluster cluster(3);
   ASSERT_TRUE(cluster.ok());
-  RedisPoolOptions ro;
-  ro.address = cluster.node(0).address();
-  ro.cluster = true;
-  ro.timeout_s = 0.5;
-  ro.reconnect_backoff_s = 0.05;
-  auto pool = MakeRedisPool(ro).value();
+  auto pool = MakeRedisPool(testing::TestPoolOptions(cluster.node(0).address(), true)).value();
   auto node = Node(Stories(), pool.get(), "none");
   // Prompts differing in their first chunk: their prefixes land on different nodes.
   std::vector<ServeRequest> reqs;

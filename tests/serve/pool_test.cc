@@ -92,17 +92,15 @@ Backend MakeBackend(const std::string& kind, uint64_t part_bytes = 64 << 10) {
   }
   if (!HaveRedis()) return b;
   RedisPoolOptions o;
-  o.part_bytes = part_bytes;
-  o.reconnect_backoff_s = 0.05;
   if (kind == "redis") {
     b.redis = std::make_unique<RedisServer>();
-    o.address = b.redis->address();
+    o = testing::TestPoolOptions(b.redis->address());
   } else {
     b.cluster = std::make_unique<RedisCluster>(3);
     if (!b.cluster->ok()) return b;
-    o.address = b.cluster->node(0).address();
-    o.cluster = true;
+    o = testing::TestPoolOptions(b.cluster->node(0).address(), true);
   }
+  o.part_bytes = part_bytes;
   b.pool = MakeRedisPool(o).value();
   return b;
 }
@@ -111,7 +109,8 @@ class PoolConformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     b_ = MakeBackend(GetParam());
-    if (!b_.pool) GTEST_SKIP() << GetParam() << ": redis-server or redis-cli is not installed (scripts/setup.sh installs them)";
+    ASSERT_TRUE(b_.pool) << GetParam() << ": no pool — redis-server or redis-cli missing (scripts/setup.sh installs them), "
+                            "or the cluster did not form";
   }
   KvPool& pool() { return *b_.pool; }
   Backend b_;
@@ -216,13 +215,9 @@ TEST(EmbeddedPool, EvictsLeastRecentlyUsedBeyondCapacityAndCountsIt) {
 }
 
 TEST(RedisPool, ServerDownIsAnErrorNotAHangAndThePoolReconnectsWhenItReturns) {
-  if (!HaveRedis()) GTEST_SKIP() << "redis-server is not installed";
+  ASSERT_TRUE(HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
   RedisServer server;
-  RedisPoolOptions o;
-  o.address = server.address();
-  o.timeout_s = 0.5;
-  o.reconnect_backoff_s = 0.05;
-  auto pool = MakeRedisPool(o).value();
+  auto pool = MakeRedisPool(testing::TestPoolOptions(server.address())).value();
   ASSERT_TRUE(pool->Put("kvs:{x}:1", Bytes(5000, 1)).ok());
   server.Stop();
   const auto t0 = std::chrono::steady_clock::now();
@@ -244,10 +239,9 @@ TEST(RedisPool, ServerDownIsAnErrorNotAHangAndThePoolReconnectsWhenItReturns) {
 }
 
 TEST(RedisPool, AnEvictedPartIsAMissNeverAShortValue) {
-  if (!HaveRedis()) GTEST_SKIP() << "redis-server is not installed";
+  ASSERT_TRUE(HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
   RedisServer server;
-  RedisPoolOptions o;
-  o.address = server.address();
+  RedisPoolOptions o = testing::TestPoolOptions(server.address());
   o.part_bytes = 16 << 10;
   auto pool = MakeRedisPool(o).value();
   ASSERT_TRUE(pool->Put("kvs:{p}:v", Bytes(100 << 10, 4)).ok());
@@ -258,11 +252,9 @@ TEST(RedisPool, AnEvictedPartIsAMissNeverAShortValue) {
 }
 
 TEST(RedisPool, ServerSideLruEvictionsAreCounted) {
-  if (!HaveRedis()) GTEST_SKIP() << "redis-server is not installed";
+  ASSERT_TRUE(HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
   RedisServer server({"--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"});
-  RedisPoolOptions o;
-  o.address = server.address();
-  auto pool = MakeRedisPool(o).value();
+  auto pool = MakeRedisPool(testing::TestPoolOptions(server.address())).value();
   for (int i = 0; i < 40; ++i) ASSERT_TRUE(pool->Put("kvs:{e}:" + std::to_string(i), Bytes(256 << 10, uint8_t(i))).ok());
   const PoolStats s = pool->Stats().value();
   EXPECT_GT(s.evictions, 0u);
@@ -275,15 +267,10 @@ TEST(RedisPool, ServerSideLruEvictionsAreCounted) {
 }
 
 TEST(RedisClusterPool, KeysSpreadOverNodesAndAKilledNodeOnlyLosesItsSlots) {
-  if (!HaveRedis()) GTEST_SKIP() << "redis-server is not installed";
+  ASSERT_TRUE(HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
   RedisCluster cluster(3);
   ASSERT_TRUE(cluster.ok()) << "redis-cli --cluster create failed";
-  RedisPoolOptions o;
-  o.address = cluster.node(0).address();
-  o.cluster = true;
-  o.timeout_s = 0.5;
-  o.reconnect_backoff_s = 0.05;
-  auto pool = MakeRedisPool(o).value();
+  auto pool = MakeRedisPool(testing::TestPoolOptions(cluster.node(0).address(), true)).value();
   std::vector<std::string> keys;
   for (int i = 0; i < 60; ++i) {
     keys.push_back("kvs:{t" + std::to_string(i) + "}:x");

@@ -16,10 +16,22 @@
 #include <thread>
 #include <vector>
 
+#include "kvserve/pool.h"
 #include "tools/cli_test_util.h"
 
 namespace kvserve::testing {
 
+// Pool options for a server of these tests: short timeouts and back-off, so failure cases run fast.
+inline RedisPoolOptions TestPoolOptions(const std::string& address, bool cluster = false) {
+  RedisPoolOptions o;
+  o.address = address;
+  o.cluster = cluster;
+  o.timeout_s = 0.5;
+  o.reconnect_backoff_s = 0.05;
+  return o;
+}
+
+// scripts/setup.sh installs both: a machine without them is set up wrong, and the tests say so.
 inline bool HaveRedis() { return Shell("command -v redis-server >/dev/null && command -v redis-cli >/dev/null").code == 0; }
 
 // Binds `port` on loopback (0: the kernel picks) and lets it go: the port, or 0 if taken.
