@@ -8,372 +8,9 @@
 #include <cstring>
 
 #include "codec/quant_kernels.h"
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define KVSERVE_QUANT_AVX512 1
-#endif
 #include "codec/stage.h"
 
 namespace kvserve {
-namespace quant {
-
-size_t PackedBytes(size_t n, int bits) { return (n + 7) / 8 * bits; }
-
-namespace {
-template <int W>
-void PackPlane(const uint8_t* codes, size_t n8, int shift, uint8_t* out) {
-  constexpr int K = 8 / W;
-  constexpr unsigned M = (1u << W) - 1;
-  const size_t len = n8 / K;
-  for (size_t j = 0; j < len; ++j) {
-    unsigned b = 0;
-    for (int i = 0; i < K; ++i) b |= ((unsigned(codes[j + i * len]) >> shift) & M) << (i * W);
-    out[j] = static_cast<uint8_t>(b);
-  }
-}
-template <int W>
-void UnpackPlane(const uint8_t* in, size_t n8, int shift, uint8_t* codes, bool first) {
-  constexpr int K = 8 / W;
-  constexpr unsigned M = (1u << W) - 1;
-  const size_t len = n8 / K;
-  for (int i = 0; i < K; ++i) {
-    uint8_t* c = codes + i * len;
-    if (first) {
-      for (size_t j = 0; j < len; ++j) c[j] = static_cast<uint8_t>(((in[j] >> (i * W)) & M) << shift);
-    } else {
-      for (size_t j = 0; j < len; ++j) c[j] |= static_cast<uint8_t>(((in[j] >> (i * W)) & M) << shift);
-    }
-  }
-}
-}  // namespace
-
-void PackCodes(const uint8_t* codes, size_t n8, int bits, uint8_t* out) {
-  if (bits == 8) {
-    std::memcpy(out, codes, n8);
-    return;
-  }
-  int shift = 0;
-  if (bits & 4) { PackPlane<4>(codes, n8, shift, out); out += n8 / 2; shift += 4; }
-  if (bits & 2) { PackPlane<2>(codes, n8, shift, out); out += n8 / 4; shift += 2; }
-  if (bits & 1) { PackPlane<1>(codes, n8, shift, out); }
-}
-
-void UnpackCodes(const uint8_t* in, size_t n8, int bits, uint8_t* codes) {
-  if (bits == 8) {
-    std::memcpy(codes, in, n8);
-    return;
-  }
-  int shift = 0;
-  bool first = true;
-  if (bits & 4) { UnpackPlane<4>(in, n8, shift, codes, first); in += n8 / 2; shift += 4; first = false; }
-  if (bits & 2) { UnpackPlane<2>(in, n8, shift, codes, first); in += n8 / 4; shift += 2; first = false; }
-  if (bits & 1) { UnpackPlane<1>(in, n8, shift, codes, first); }
-}
-
-void PackCodesReference(const uint8_t* codes, size_t n8, int bits, uint8_t* out) {
-  // Bit by bit, straight from the layout's definition.
-  std::memset(out, 0, PackedBytes(n8, bits));
-  if (bits == 8) {
-    std::memcpy(out, codes, n8);
-    return;
-  }
-  size_t plane_start = 0;
-  int shift = 0;
-  for (int w : {4, 2, 1}) {
-    if (!(bits & w)) continue;
-    const size_t k = 8 / w, len = n8 / k;
-    for (size_t v = 0; v < n8; ++v) {
-      const size_t j = v % len, i = v / len;
-      for (int bit = 0; bit < w; ++bit) {
-        if ((codes[v] >> (shift + bit)) & 1) out[plane_start + j] |= uint8_t(1u << (i * w + bit));
-      }
-    }
-    plane_start += len;
-    shift += w;
-  }
-}
-
-bool GroupRange(float min, float max, int levels, uint16_t* lo_h, uint16_t* step_h, float* lo, float* step) {
-  uint16_t h = FloatToHalf(min);
-  if (HalfToFloat(h) > min) h = (h & 0x8000) ? uint16_t(h + 1) : (h == 0 ? uint16_t(0x8001) : uint16_t(h - 1));
-  const float lo_f = HalfToFloat(h);
-  if (!std::isfinite(lo_f) || !std::isfinite(max)) return false;
-  const float s = (max - lo_f) / static_cast<float>(levels);
-  uint16_t sh = FloatToHalf(s);
-  if (HalfToFloat(sh) < s) sh = uint16_t(sh + 1);
-  const float step_f = HalfToFloat(sh);
-  if (!std::isfinite(step_f)) return false;
-  *lo_h = h;
-  *step_h = sh;
-  *lo = lo_f;
-  *step = step_f;
-  return true;
-}
-
-size_t GroupRanges(const float* mn, const float* mx, size_t m, int levels, uint16_t* lo_h, uint16_t* step_h,
-                   float* lo, float* step, float* inv_step) {
-  // Same arithmetic as GroupRange, one pass per step over contiguous arrays.
-  ConvertFromF32(DType::kF16, mn, lo_h, m);
-  ConvertToF32(DType::kF16, lo_h, lo, m);
-  for (size_t i = 0; i < m; ++i) {
-    const uint16_t h = lo_h[i];
-    const uint16_t down = (h & 0x8000) ? uint16_t(h + 1) : (h == 0 ? uint16_t(0x8001) : uint16_t(h - 1));
-    lo_h[i] = lo[i] > mn[i] ? down : h;
-  }
-  ConvertToF32(DType::kF16, lo_h, lo, m);
-  const float fl = static_cast<float>(levels);
-  for (size_t i = 0; i < m; ++i) inv_step[i] = (mx[i] - lo[i]) / fl;  // the exact step, for now
-  ConvertFromF32(DType::kF16, inv_step, step_h, m);
-  ConvertToF32(DType::kF16, step_h, step, m);
-  for (size_t i = 0; i < m; ++i) step_h[i] = step[i] < inv_step[i] ? uint16_t(step_h[i] + 1) : step_h[i];
-  ConvertToF32(DType::kF16, step_h, step, m);
-  unsigned bad = 0;
-  for (size_t i = 0; i < m; ++i) {
-    bad |= ((lo_h[i] & 0x7c00) == 0x7c00) | ((step_h[i] & 0x7c00) == 0x7c00) | !(mx[i] <= 65504.0f);
-    inv_step[i] = step[i] > 0 ? 1.0f / step[i] : 0.0f;
-  }
-  if (bad) {
-    for (size_t i = 0; i < m; ++i) {
-      if ((lo_h[i] & 0x7c00) == 0x7c00 || (step_h[i] & 0x7c00) == 0x7c00 || !(mx[i] <= 65504.0f)) return i;
-    }
-  }
-  return m;
-}
-
-void ColumnMinMax(const float* x, size_t rows, size_t n_channel, float* mn, float* mx) {
-  for (size_t c = 0; c < n_channel; ++c) mn[c] = mx[c] = x[c];
-  for (size_t r = 1; r < rows; ++r) {
-    const float* row = x + r * n_channel;
-    for (size_t c = 0; c < n_channel; ++c) {
-      mn[c] = row[c] < mn[c] ? row[c] : mn[c];
-      mx[c] = row[c] > mx[c] ? row[c] : mx[c];
-    }
-  }
-}
-
-void RowGroupMinMax(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx) {
-  const size_t n_group = (n_channel + group - 1) / group;
-  for (size_t r = 0; r < rows; ++r) {
-    const float* row = x + r * n_channel;
-    for (size_t g = 0; g < n_group; ++g) {
-      const size_t c0 = g * group, c1 = std::min(n_channel, c0 + group);
-      float lo = row[c0], hi = row[c0];
-#pragma omp simd reduction(min : lo) reduction(max : hi)
-      for (size_t c = c0; c < c1; ++c) {
-        lo = row[c] < lo ? row[c] : lo;
-        hi = row[c] > hi ? row[c] : hi;
-      }
-      mn[r * n_group + g] = lo;
-      mx[r * n_group + g] = hi;
-    }
-  }
-}
-
-namespace {
-inline uint8_t Code(float v, float fl) {
-  v = v < 0.f ? 0.f : v;
-  v = v > fl ? fl : v;
-  return static_cast<uint8_t>(static_cast<int>(std::nearbyint(v)));  // ties to even, as SIMD converts
-}
-}  // namespace
-
-void QuantizeColumns(const float* x, size_t rows, size_t n_channel, const float* lo, const float* inv_step,
-                     int levels, uint8_t* codes) {
-  const float fl = static_cast<float>(levels);
-  for (size_t r = 0; r < rows; ++r) {
-    const float* row = x + r * n_channel;
-    uint8_t* out = codes + r * n_channel;
-    for (size_t c = 0; c < n_channel; ++c) out[c] = Code((row[c] - lo[c]) * inv_step[c], fl);
-  }
-}
-
-void QuantizeRowGroups(const float* x, size_t rows, size_t n_channel, size_t group, const float* lo,
-                       const float* inv_step, int levels, uint8_t* codes) {
-  const float fl = static_cast<float>(levels);
-  const size_t n_group = (n_channel + group - 1) / group;
-  for (size_t r = 0; r < rows; ++r) {
-    for (size_t g = 0; g < n_group; ++g) {
-      const size_t c0 = g * group, c1 = std::min(n_channel, c0 + group);
-      const float l = lo[r * n_group + g], inv = inv_step[r * n_group + g];
-      const float* row = x + r * n_channel;
-      uint8_t* out = codes + r * n_channel;
-      for (size_t c = c0; c < c1; ++c) out[c] = Code((row[c] - l) * inv, fl);
-    }
-  }
-}
-
-void DequantizeColumns(const uint8_t* codes, size_t rows, size_t n_channel, const float* lo, const float* step,
-                       float* x) {
-  for (size_t r = 0; r < rows; ++r) {
-    const uint8_t* in = codes + r * n_channel;
-    float* row = x + r * n_channel;
-    for (size_t c = 0; c < n_channel; ++c) row[c] = lo[c] + static_cast<float>(in[c]) * step[c];
-  }
-}
-
-void DequantizeRowGroups(const uint8_t* codes, size_t rows, size_t n_channel, size_t group, const float* lo,
-                         const float* step, float* x) {
-  const size_t n_group = (n_channel + group - 1) / group;
-  for (size_t r = 0; r < rows; ++r) {
-    for (size_t g = 0; g < n_group; ++g) {
-      const size_t c0 = g * group, c1 = std::min(n_channel, c0 + group);
-      const float l = lo[r * n_group + g], s = step[r * n_group + g];
-      const uint8_t* in = codes + r * n_channel;
-      float* row = x + r * n_channel;
-      for (size_t c = c0; c < c1; ++c) row[c] = l + static_cast<float>(in[c]) * s;
-    }
-  }
-}
-
-
-#ifdef KVSERVE_QUANT_AVX512
-namespace {
-inline void StoreHalf16(uint16_t* dst, __m256i h, bool stream) {
-  if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), h);
-  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
-}
-inline __m128i Codes16(__m512 v, __m512 fl) {
-  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), fl);
-  return _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(v));
-}
-}  // namespace
-#endif
-
-void ConvertColumnMinMaxF16(const uint16_t* src, size_t rows, size_t n_channel, float* x, float* mn, float* mx) {
-#ifdef KVSERVE_QUANT_AVX512
-  if (n_channel % 16 == 0 && rows > 0) {
-    for (size_t c = 0; c < n_channel; c += 16) {
-      __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c)));
-      _mm512_storeu_ps(x + c, v);
-      __m512 lo = v, hi = v;
-      for (size_t r = 1; r < rows; ++r) {
-        v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * n_channel + c)));
-        _mm512_storeu_ps(x + r * n_channel + c, v);
-        lo = _mm512_min_ps(lo, v);
-        hi = _mm512_max_ps(hi, v);
-      }
-      _mm512_storeu_ps(mn + c, lo);
-      _mm512_storeu_ps(mx + c, hi);
-    }
-    return;
-  }
-#endif
-  ConvertToF32(DType::kF16, src, x, rows * n_channel);
-  ColumnMinMax(x, rows, n_channel, mn, mx);
-}
-
-void RowGroupMinMaxFast(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx) {
-#ifdef KVSERVE_QUANT_AVX512
-  if (group % 16 == 0 && n_channel % group == 0) {
-    const size_t n_group = n_channel / group;
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t g = 0; g < n_group; ++g) {
-        const float* p = x + r * n_channel + g * group;
-        __m512 lo = _mm512_loadu_ps(p), hi = lo;
-        for (size_t c = 16; c < group; c += 16) {
-          const __m512 v = _mm512_loadu_ps(p + c);
-          lo = _mm512_min_ps(lo, v);
-          hi = _mm512_max_ps(hi, v);
-        }
-        mn[r * n_group + g] = _mm512_reduce_min_ps(lo);
-        mx[r * n_group + g] = _mm512_reduce_max_ps(hi);
-      }
-    }
-    return;
-  }
-#endif
-  RowGroupMinMax(x, rows, n_channel, group, mn, mx);
-}
-
-void QuantizeColumnsFast(const float* x, size_t rows, size_t n_channel, const float* lo, const float* inv_step,
-                         int levels, uint8_t* codes) {
-#ifdef KVSERVE_QUANT_AVX512
-  if (n_channel % 16 == 0) {
-    const __m512 fl = _mm512_set1_ps(float(levels));
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t c = 0; c < n_channel; c += 16) {
-        const __m512 l = _mm512_loadu_ps(lo + c), inv = _mm512_loadu_ps(inv_step + c);
-        const __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n_channel + c), l), inv);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + r * n_channel + c), Codes16(v, fl));
-      }
-    }
-    return;
-  }
-#endif
-  QuantizeColumns(x, rows, n_channel, lo, inv_step, levels, codes);
-}
-
-void QuantizeRowGroupsFast(const float* x, size_t rows, size_t n_channel, size_t group, const float* lo,
-                           const float* inv_step, int levels, uint8_t* codes) {
-#ifdef KVSERVE_QUANT_AVX512
-  if (group % 16 == 0 && n_channel % group == 0) {
-    const __m512 fl = _mm512_set1_ps(float(levels));
-    const size_t n_group = n_channel / group;
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t g = 0; g < n_group; ++g) {
-        const __m512 l = _mm512_set1_ps(lo[r * n_group + g]), inv = _mm512_set1_ps(inv_step[r * n_group + g]);
-        const size_t base = r * n_channel + g * group;
-        for (size_t c = 0; c < group; c += 16) {
-          const __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + base + c), l), inv);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + base + c), Codes16(v, fl));
-        }
-      }
-    }
-    return;
-  }
-#endif
-  QuantizeRowGroups(x, rows, n_channel, group, lo, inv_step, levels, codes);
-}
-
-void DequantizeColumnsF16(const uint8_t* codes, size_t rows, size_t n_channel, const float* lo, const float* step,
-                          float* scratch, uint16_t* dst) {
-#ifdef KVSERVE_QUANT_AVX512
-  if (n_channel % 16 == 0) {
-    const bool stream = (reinterpret_cast<uintptr_t>(dst) & 31) == 0;
-    // Row-major order: streaming stores must fill whole cache lines in sequence.
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t c = 0; c < n_channel; c += 16) {
-        const __m512 l = _mm512_loadu_ps(lo + c), st = _mm512_loadu_ps(step + c);
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + r * n_channel + c));
-        const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), st, l);
-        StoreHalf16(dst + r * n_channel + c, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT), stream);
-      }
-    }
-    _mm_sfence();
-    return;
-  }
-#endif
-  DequantizeColumns(codes, rows, n_channel, lo, step, scratch);
-  ConvertFromF32Streaming(DType::kF16, scratch, dst, rows * n_channel);
-}
-
-void DequantizeRowGroupsF16(const uint8_t* codes, size_t rows, size_t n_channel, size_t group, const float* lo,
-                            const float* step, float* scratch, uint16_t* dst) {
-#ifdef KVSERVE_QUANT_AVX512
-  if (group % 16 == 0 && n_channel % group == 0) {
-    const bool stream = (reinterpret_cast<uintptr_t>(dst) & 31) == 0;
-    const size_t n_group = n_channel / group;
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t g = 0; g < n_group; ++g) {
-        const __m512 l = _mm512_set1_ps(lo[r * n_group + g]), st = _mm512_set1_ps(step[r * n_group + g]);
-        const size_t base = r * n_channel + g * group;
-        for (size_t c = 0; c < group; c += 16) {
-          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + base + c));
-          const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), st, l);
-          StoreHalf16(dst + base + c, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT), stream);
-        }
-      }
-    }
-    _mm_sfence();
-    return;
-  }
-#endif
-  DequantizeRowGroups(codes, rows, n_channel, group, lo, step, scratch);
-  ConvertFromF32Streaming(DType::kF16, scratch, dst, rows * n_channel);
-}
-
-}  // namespace quant
 
 namespace {
 
@@ -392,11 +29,10 @@ struct PartLayout {
 
   int levels() const { return (1 << bits) - 1; }
   uint32_t block_tokens() const { return channel_axis ? group : kTokenAxisBlock; }
-  size_t n_group_per_row() const { return (head_dim + group - 1) / group; }
-  size_t meta_count(uint32_t bt) const { return channel_axis ? head_dim : bt * n_group_per_row(); }
-  size_t block_bytes(uint32_t bt) const {
-    return meta_count(bt) * 4 + quant::PackedBytes(size_t{bt} * head_dim, bits);
-  }
+  // Range grouping as the block kernels take it: 0 = per channel over the block's tokens.
+  size_t kernel_group() const { return channel_axis ? 0 : group; }
+  size_t meta_count(uint32_t bt) const { return quant::BlockMetaCount(bt, head_dim, kernel_group()); }
+  size_t block_bytes(uint32_t bt) const { return quant::BlockBytes(bt, head_dim, kernel_group(), bits); }
   size_t slab_bytes() const {
     size_t total = 0;
     const uint32_t b = block_tokens();
@@ -405,51 +41,16 @@ struct PartLayout {
   }
 };
 
-struct Scratch {
-  std::vector<float> x, mn, mx, lo, step, inv;
-  std::vector<uint16_t> lo_h, step_h;
-  ByteBuffer codes;
-  void Reserve(const PartLayout& p) {
-    const size_t n = size_t{p.block_tokens()} * p.head_dim + 8;
-    x.resize(n);
-    codes.resize(n);
-    const size_t m = p.meta_count(p.block_tokens());
-    mn.resize(m), mx.resize(m), lo.resize(m), step.resize(m), inv.resize(m), lo_h.resize(m), step_h.resize(m);
-  }
-};
-
-Status EncodeSlab(const uint8_t* src, DType dt, const PartLayout& p, uint8_t* dst, Scratch& s) {
+Status EncodeSlab(const uint8_t* src, DType dt, const PartLayout& p, uint8_t* dst, quant::BlockScratch& s) {
   const size_t es = DTypeSize(dt), D = p.head_dim;
-  s.Reserve(p);
   for (uint32_t t0 = 0; t0 < p.n_quant; t0 += p.block_tokens()) {
     const uint32_t bt = std::min(p.block_tokens(), p.n_quant - t0);
-    const size_t n = size_t{bt} * D, n8 = (n + 7) & ~size_t{7};
     const size_t m = p.meta_count(bt);
-    const uint8_t* block = src + t0 * D * es;
-    if (p.channel_axis && dt == DType::kF16) {
-      quant::ConvertColumnMinMaxF16(reinterpret_cast<const uint16_t*>(block), bt, D, s.x.data(), s.mn.data(),
-                                    s.mx.data());
-    } else {
-      ConvertToF32(dt, block, s.x.data(), n);
-      if (p.channel_axis) quant::ColumnMinMax(s.x.data(), bt, D, s.mn.data(), s.mx.data());
-      else quant::RowGroupMinMaxFast(s.x.data(), bt, D, p.group, s.mn.data(), s.mx.data());
-    }
-    const size_t bad = quant::GroupRanges(s.mn.data(), s.mx.data(), m, p.levels(), s.lo_h.data(), s.step_h.data(),
-                                          s.lo.data(), s.step.data(), s.inv.data());
+    const size_t bad = quant::EncodeBlock(src + t0 * D * es, dt, bt, D, p.kernel_group(), p.bits, dst, s);
     if (bad < m) {
       return Status::InvalidArgument("value range [" + std::to_string(s.mn[bad]) + ", " + std::to_string(s.mx[bad]) +
                                      "] of a group does not fit fp16 quantisation metadata");
     }
-    if (p.channel_axis) {
-      quant::QuantizeColumnsFast(s.x.data(), bt, D, s.lo.data(), s.inv.data(), p.levels(), s.codes.data());
-    } else {
-      quant::QuantizeRowGroupsFast(s.x.data(), bt, D, p.group, s.lo.data(), s.inv.data(), p.levels(),
-                                   s.codes.data());
-    }
-    std::memset(s.codes.data() + n, 0, n8 - n);
-    std::memcpy(dst, s.lo_h.data(), m * 2);
-    std::memcpy(dst + m * 2, s.step_h.data(), m * 2);
-    quant::PackCodes(s.codes.data(), n8, p.bits, dst + m * 4);
     dst += p.block_bytes(bt);
   }
   const size_t nr = size_t{p.residual} * D;
@@ -458,7 +59,7 @@ Status EncodeSlab(const uint8_t* src, DType dt, const PartLayout& p, uint8_t* ds
     if (dt == DType::kF16) {
       std::memcpy(dst, r, nr * 2);
     } else {
-      s.x.resize(std::max(s.x.size(), nr));
+      s.Reserve(nr, 0);
       ConvertToF32(dt, r, s.x.data(), nr);
       ConvertFromF32(DType::kF16, s.x.data(), dst, nr);
     }
@@ -466,41 +67,21 @@ Status EncodeSlab(const uint8_t* src, DType dt, const PartLayout& p, uint8_t* ds
   return Status::Ok();
 }
 
-void DecodeSlab(const uint8_t* src, const PartLayout& p, DType dt, uint8_t* dst, Scratch& s) {
+void DecodeSlab(const uint8_t* src, const PartLayout& p, DType dt, uint8_t* dst, quant::BlockScratch& s) {
   const size_t es = DTypeSize(dt), D = p.head_dim;
-  s.Reserve(p);
   for (uint32_t t0 = 0; t0 < p.n_quant; t0 += p.block_tokens()) {
     const uint32_t bt = std::min(p.block_tokens(), p.n_quant - t0);
-    const size_t n = size_t{bt} * D, n8 = (n + 7) & ~size_t{7};
-    const size_t m = p.meta_count(bt);
-    std::memcpy(s.lo_h.data(), src, m * 2);
-    std::memcpy(s.step_h.data(), src + m * 2, m * 2);
-    ConvertToF32(DType::kF16, s.lo_h.data(), s.lo.data(), m);
-    ConvertToF32(DType::kF16, s.step_h.data(), s.step.data(), m);
-    quant::UnpackCodes(src + m * 4, n8, p.bits, s.codes.data());
-    uint8_t* out = dst + t0 * D * es;
-    if (dt == DType::kF16) {
-      uint16_t* o = reinterpret_cast<uint16_t*>(out);
-      if (p.channel_axis) quant::DequantizeColumnsF16(s.codes.data(), bt, D, s.lo.data(), s.step.data(), s.x.data(), o);
-      else quant::DequantizeRowGroupsF16(s.codes.data(), bt, D, p.group, s.lo.data(), s.step.data(), s.x.data(), o);
-      src += p.block_bytes(bt);
-      continue;
-    }
-    if (p.channel_axis) {
-      quant::DequantizeColumns(s.codes.data(), bt, D, s.lo.data(), s.step.data(), s.x.data());
-    } else {
-      quant::DequantizeRowGroups(s.codes.data(), bt, D, p.group, s.lo.data(), s.step.data(), s.x.data());
-    }
-    ConvertFromF32Streaming(dt, s.x.data(), out, n);
+    quant::DecodeBlock(src, bt, D, p.kernel_group(), p.bits, dt, dst + t0 * D * es, s);
     src += p.block_bytes(bt);
   }
+  quant::StreamFence();
   const size_t nr = size_t{p.residual} * D;
   if (nr > 0) {
     uint8_t* r = dst + size_t{p.n_quant} * D * es;
     if (dt == DType::kF16) {
       std::memcpy(r, src, nr * 2);
     } else {
-      s.x.resize(std::max(s.x.size(), nr));
+      s.Reserve(nr, 0);
       ConvertToF32(DType::kF16, src, s.x.data(), nr);
       ConvertFromF32(dt, s.x.data(), r, nr);
     }
@@ -566,7 +147,7 @@ class QuantStage final : public Stage {
     uint8_t* body = hdr + kPayloadHeader;
     std::vector<Status> errors(shape.n_slab());
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
-      thread_local Scratch scratch;
+      thread_local quant::BlockScratch scratch;
       errors[i] = EncodeSlab(t.slab_at(i), t.dtype(), SlabLayout(i, shape), body + off[i], scratch);
     });
     for (uint64_t i = 0; i < errors.size(); ++i) {
@@ -625,7 +206,7 @@ class QuantStage final : public Stage {
     }
     const uint8_t* body = hdr + kPayloadHeader;
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
-      thread_local Scratch scratch;
+      thread_local quant::BlockScratch scratch;
       DecodeSlab(body + off[i], SlabLayout(i, shape), t.dtype(), t.slab_at(i), scratch);
     });
     return Status::Ok();
@@ -678,10 +259,3 @@ StageRegistration QuantStageRegistration() {
 
 }  // namespace kvserve
 
-namespace kvserve::quant {
-#ifdef KVSERVE_QUANT_AVX512
-bool HaveAvx512Kernels() { return true; }
-#else
-bool HaveAvx512Kernels() { return false; }
-#endif
-}  // namespace kvserve::quant

@@ -5,6 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
+
+#include "kvserve/kv.h"
 
 namespace kvserve::quant {
 
@@ -13,9 +16,10 @@ namespace kvserve::quant {
 // block of n values (n padded to a multiple of 8) are split into k segments of n/k, and byte j
 // holds code j + i*(n/k) in its bits [i*w, i*w + w). Every byte of a plane is computed from
 // k contiguous streams, so packing and unpacking vectorise without shuffles.
-size_t PackedBytes(size_t n, int bits);
-// Whether the *Fast kernels of this build use their AVX-512/F16C loops (else portable loops).
-bool HaveAvx512Kernels();  // n rounded up to a multiple of 8, times bits / 8
+size_t PackedBytes(size_t n, int bits);  // n rounded up to a multiple of 8, times bits / 8
+// Whether the *Fast and fused kernels of this build use their AVX-512/F16C loops (else the
+// portable loops).
+bool HaveAvx512Kernels();
 void PackCodes(const uint8_t* codes, size_t n_padded, int bits, uint8_t* out);
 void UnpackCodes(const uint8_t* in, size_t n_padded, int bits, uint8_t* codes);
 void PackCodesReference(const uint8_t* codes, size_t n_padded, int bits, uint8_t* out);
@@ -48,11 +52,8 @@ void ColumnMinMax(const float* x, size_t rows, size_t n_channel, float* mn, floa
 // in (row, group) order.
 void RowGroupMinMax(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx);
 
-// Fused fp16 paths (the common case: fp16 KV in, fp16 KV out). Each equals its plain
-// counterpart (convert to float, then the float kernel) and uses AVX-512 when the build has it
-// and the widths are multiples of 16; otherwise it runs that plain composition.
-// Converts a [rows][n_channel] fp16 block to float and takes column min/max in one pass.
-void ConvertColumnMinMaxF16(const uint16_t* src, size_t rows, size_t n_channel, float* x, float* mn, float* mx);
+// Fast kernels: each equals its plain counterpart and uses AVX-512 when the build has it and the
+// widths are multiples of 16; otherwise it runs the plain loop.
 // As RowGroupMinMax, vectorised over each group.
 void RowGroupMinMaxFast(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx);
 void QuantizeColumnsFast(const float* x, size_t rows, size_t n_channel, const float* lo, const float* inv_step,
@@ -64,5 +65,38 @@ void DequantizeColumnsF16(const uint8_t* codes, size_t rows, size_t n_channel, c
                           float* scratch, uint16_t* dst);
 void DequantizeRowGroupsF16(const uint8_t* codes, size_t rows, size_t n_channel, size_t group, const float* lo,
                             const float* step, float* scratch, uint16_t* dst);
+
+// One quantisation block of `rows` x `n_channel` values, as the quant stage stores it: the m
+// minima (fp16), the m steps (fp16), then the codes packed in bit planes. `group` == 0 means
+// ranges per channel over the block's rows (m = n_channel); otherwise ranges per row and group
+// of `group` channels (m = rows * ceil(n_channel / group)).
+struct BlockScratch {
+  std::vector<float> x, mn, mx, lo, step, inv;
+  std::vector<uint16_t> lo_h, step_h;
+  std::vector<uint8_t> codes;
+  void Reserve(size_t n_values, size_t m);
+};
+size_t BlockMetaCount(size_t rows, size_t n_channel, size_t group);
+size_t BlockBytes(size_t rows, size_t n_channel, size_t group, int bits);
+// Encodes a block of `dt` values. fp16 with 16-multiple widths takes the fused AVX-512 loop
+// (one pass over the fp16 source for min/max, the codes from its float copy in L1);
+// everything else converts to float and runs the *Fast kernels. Returns the index of the first
+// group whose range does not fit fp16 metadata (its min/max are left in s.mn/s.mx), or m.
+size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits, uint8_t* dst,
+                   BlockScratch& s);
+// Decodes such a block into `dt`. For fp16 the fused loop unpacks the bit planes, dequantises
+// and converts in registers, 16 values at a time (streaming stores when dst is 32-byte
+// aligned), when the block's rows line up with the planes (a multiple of 8 covers every width).
+// Call StreamFence() after the last block, before dst is handed to another thread: streaming
+// stores are weakly ordered, and fencing once per slab instead of per block keeps them flowing.
+void StreamFence();
+void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt, void* dst,
+                 BlockScratch& s);
+// The same two as compositions of the plain kernels above: the definitions the fast loops are
+// tested against (encode byte for byte; decode within one fp16 ulp, as fma rounds once).
+size_t EncodeBlockReference(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits,
+                            uint8_t* dst, BlockScratch& s);
+void DecodeBlockReference(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt,
+                          void* dst, BlockScratch& s);
 
 }  // namespace kvserve::quant
