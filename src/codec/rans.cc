@@ -35,6 +35,7 @@
 namespace kvserve {
 namespace {
 
+using rans::ContextCounter;
 using rans::kLanes;
 using rans::kLow;
 using rans::kProbBits;
@@ -218,9 +219,17 @@ class Reader {
   size_t off_ = 0;
 };
 
+void SubtractRow(uint8_t* __restrict cur, const uint8_t* __restrict prev, uint32_t len, uint8_t mask) {
+  for (uint32_t c = 0; c < len; ++c) cur[c] = uint8_t((cur[c] - prev[c]) & mask);
+}
 void Predict(uint8_t* codes, uint32_t n, uint32_t row, int bits) {
+  // Last row first, so every row still subtracts its unchanged predecessor; within a row the
+  // two spans are disjoint and the loop vectorises.
   const uint8_t mask = uint8_t((1u << bits) - 1);
-  for (uint32_t j = n; j-- > row;) codes[j] = uint8_t((codes[j] - codes[j - row]) & mask);
+  if (n <= row) return;
+  const uint32_t full = n / row * row;
+  SubtractRow(codes + full, codes + full - row, n - full, mask);
+  for (uint32_t j = full; (j -= row) >= row;) SubtractRow(codes + j, codes + j - row, row, mask);
 }
 void Unpredict(uint8_t* codes, uint32_t n, uint32_t row, int bits) {
   // Row by row, so the inner loop has no dependence and vectorises.
@@ -315,24 +324,13 @@ class RansStage final : public Stage {
     // Pass 1: counts, with and without prediction, and the choices they lead to.
     std::vector<uint64_t> counts(L.n_entries, 0), counts_pred(L.n_entries, 0);
     std::vector<uint8_t> sym;
-    for (size_t i = 0; i < secs.size(); ++i) {
-      const CodeSection& s = secs[i];
-      if (s.kind == Kind::kHalf) continue;
-      const Context& c = L.code[L.context_of[i]];
-      auto count = [&](uint64_t* cnt) {
-        cnt += L.table_offset[c.first_table];
-        const uint32_t C = c.n_channel, rows = s.n_codes / C;
-        for (uint32_t r = 0; r < rows; ++r) {
-          const uint8_t* row = &sym[size_t(r) * C];
-          for (uint32_t ch = 0; ch < C; ++ch) ++cnt[(ch << c.bits) + row[ch]];
-        }
-        for (uint32_t j = rows * C; j < s.n_codes; ++j) ++cnt[((j - rows * C) << c.bits) + sym[j]];
-      };
-      CodeSymbols(s, payload, false, sym);
-      if (predict_ != Choice::kYes) count(counts.data());
-      if (predict_ != Choice::kNo) {
-        Predict(sym.data(), s.n_codes, s.n_channel, s.bits);
-        count(counts_pred.data());
+    for (const Context& c : L.code) {
+      const uint32_t o0 = L.table_offset[c.first_table];
+      ContextCounter counter(c.n_channel, c.bits, predict_ != Choice::kYes ? &counts[o0] : nullptr,
+                             predict_ != Choice::kNo ? &counts_pred[o0] : nullptr);
+      for (uint32_t i : c.sections) {
+        CodeSymbols(secs[i], payload, false, sym);
+        counter.Add(sym.data(), secs[i].n_codes);
       }
     }
     std::vector<uint8_t> flags(L.code.size()), coded(L.half.size());

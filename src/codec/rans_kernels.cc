@@ -3,12 +3,18 @@
 // encode: gathered tables, compress-stored words).
 #include "codec/rans_kernels.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define KVSERVE_RANS_AVX512 1
+// GCC 12 reports the intrinsics' own _mm512_undefined_*() operands (the gathers' pass-through)
+// as "may be used uninitialized" once inlined; the values are never read.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 namespace kvserve::rans {
@@ -307,5 +313,79 @@ bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>&, con
   return DecodeRunScalar(st, r, 0, n, out);
 }
 #endif
+
+ContextCounter::ContextCounter(uint32_t n_channel, int bits, uint64_t* cnt, uint64_t* cnt_pred)
+    : C_(n_channel), A_(1u << bits), mask_(uint8_t(A_ - 1)), cnt_(cnt), cnt_pred_(cnt_pred),
+      bytes_(bits <= 4 && n_channel <= 4096) {
+  if (bytes_) acc_.assign(size_t(2) * A_ * C_, 0), wide_.assign(acc_.size(), 0);
+  diff_.resize(C_);
+}
+
+ContextCounter::~ContextCounter() {
+  if (!bytes_) return;
+  if (pending_) Widen();
+  for (uint32_t v = 0; v < A_; ++v) {
+    for (uint32_t ch = 0; ch < C_; ++ch) {
+      if (cnt_) cnt_[size_t(ch) * A_ + v] += wide_[size_t(v) * C_ + ch];
+      if (cnt_pred_) cnt_pred_[size_t(ch) * A_ + v] += wide_[(size_t(A_) + v) * C_ + ch];
+    }
+  }
+}
+
+void ContextCounter::Add(const uint8_t* sym, uint32_t n) {
+  const uint32_t rows = n / C_;
+  uint8_t* a = acc_.data();
+  uint8_t* ap = a + size_t(A_) * C_;
+  for (uint32_t r = 0; r < rows; ++r) {
+    const uint8_t* row = sym + size_t(r) * C_;
+    const uint8_t* pred = row;  // a section's first row predicts from nothing: unchanged
+    if (cnt_pred_ && r > 0) {
+      uint8_t* __restrict d = diff_.data();
+      const uint8_t* above = row - C_;
+      for (uint32_t ch = 0; ch < C_; ++ch) d[ch] = uint8_t((row[ch] - above[ch]) & mask_);
+      pred = d;
+    }
+    if (!bytes_) {
+      for (uint32_t ch = 0; ch < C_; ++ch) {
+        if (cnt_) ++cnt_[size_t(ch) * A_ + row[ch]];
+        if (cnt_pred_) ++cnt_pred_[size_t(ch) * A_ + pred[ch]];
+      }
+      continue;
+    }
+    if (cnt_) AddRow(a, row);
+    if (cnt_pred_) AddRow(ap, pred);
+    if (++pending_ == 255) Widen();
+  }
+  for (uint32_t j = rows * C_; j < n; ++j) {
+    const uint32_t ch = j - rows * C_;
+    if (cnt_) ++cnt_[size_t(ch) * A_ + sym[j]];
+    if (cnt_pred_) ++cnt_pred_[size_t(ch) * A_ + (j >= C_ ? uint8_t((sym[j] - sym[j - C_]) & mask_) : sym[j])];
+  }
+}
+
+void ContextCounter::AddRow(uint8_t* __restrict to, const uint8_t* __restrict row) const {
+  for (uint32_t v = 0; v < A_; ++v) {
+    uint8_t* __restrict t = to + size_t(v) * C_;
+    const uint8_t value = uint8_t(v);  // compared as bytes, so the loop stays in byte lanes
+    for (uint32_t ch = 0; ch < C_; ++ch) t[ch] = uint8_t(t[ch] + uint8_t(row[ch] == value));
+  }
+}
+
+void ContextCounter::Widen() {
+  for (size_t k = 0; k < acc_.size(); ++k) wide_[k] += acc_[k];
+  std::fill(acc_.begin(), acc_.end(), 0);
+  pending_ = 0;
+}
+
+void CountSectionReference(const uint8_t* sym, uint32_t n, uint32_t n_channel, int bits, uint64_t* cnt,
+                           uint64_t* cnt_pred) {
+  const uint32_t A = 1u << bits;
+  std::vector<uint8_t> pred(sym, sym + n);
+  for (uint32_t j = n; j-- > n_channel;) pred[j] = uint8_t((sym[j] - sym[j - n_channel]) & (A - 1));
+  for (uint32_t j = 0; j < n; ++j) {
+    if (cnt) ++cnt[size_t(j % n_channel) * A + sym[j]];
+    if (cnt_pred) ++cnt_pred[size_t(j % n_channel) * A + pred[j]];
+  }
+}
 
 }  // namespace kvserve::rans

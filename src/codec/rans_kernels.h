@@ -73,4 +73,38 @@ void EncodeRunScalar(EncoderState& st, const Run& run, const uint32_t* rcp, uint
 // The same stream with AVX-512 where built with it (16 lanes per vector, compress-stored words).
 void EncodeRun(EncoderState& st, const Run& run, const uint32_t* rcp, uint32_t n, const uint8_t* sym);
 
+// Per-channel symbol counts of one code context (cnt[ch * 2^bits + s]) and, where cnt_pred is
+// given, those of its predicted symbols (each code minus the same channel's code one row
+// earlier, mod 2^bits; a section's first row unchanged), section by section in one pass and
+// without writing the predicted symbols. Alphabets up to 16 count in byte accumulators laid out
+// [value][channel], one compare per value and row, which vectorise over channels; they are
+// widened before they can wrap and added to the counts when the counter goes, once per context,
+// since a context's sections are short (one quantisation block each). Larger alphabets
+// increment the counters directly. Null cnt or cnt_pred: that variant is not counted.
+class ContextCounter {
+ public:
+  ContextCounter(uint32_t n_channel, int bits, uint64_t* cnt, uint64_t* cnt_pred);
+  ContextCounter(const ContextCounter&) = delete;
+  ContextCounter& operator=(const ContextCounter&) = delete;
+  ~ContextCounter();  // adds what the byte accumulators hold
+  // One section's n symbols: rows of n_channel, then a partial row.
+  void Add(const uint8_t* sym, uint32_t n);
+
+ private:
+  void AddRow(uint8_t* to, const uint8_t* row) const;
+  void Widen();
+
+  const uint32_t C_, A_;
+  const uint8_t mask_;
+  uint64_t* const cnt_;
+  uint64_t* const cnt_pred_;
+  const bool bytes_;
+  uint32_t pending_ = 0;  // rows in the byte accumulators
+  std::vector<uint8_t> acc_, diff_;
+  std::vector<uint32_t> wide_;
+};
+// The plain reference: one section's counts by direct increments, predicting in a copy.
+void CountSectionReference(const uint8_t* sym, uint32_t n, uint32_t n_channel, int bits, uint64_t* cnt,
+                           uint64_t* cnt_pred);
+
 }  // namespace kvserve::rans
