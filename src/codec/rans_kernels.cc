@@ -335,7 +335,7 @@ ContextCounter::~ContextCounter() {
 void ContextCounter::Add(const uint8_t* sym, uint32_t n) {
   const uint32_t rows = n / C_;
   uint8_t* a = acc_.data();
-  uint8_t* ap = a + size_t(A_) * C_;
+  uint8_t* ap = bytes_ ? a + size_t(A_) * C_ : nullptr;  // acc_ is empty without byte accumulators
   for (uint32_t r = 0; r < rows; ++r) {
     const uint8_t* row = sym + size_t(r) * C_;
     const uint8_t* pred = row;  // a section's first row predicts from nothing: unchanged
