@@ -149,7 +149,7 @@ void AddCodecCommands(CLI::App& app) {
                                     "against memcpy and zstd measured in the same run");
     auto specs = std::make_shared<std::vector<std::string>>();
     auto tokens = std::make_shared<uint32_t>(1024);
-    auto threads = std::make_shared<int>(1);
+    auto threads = std::make_shared<std::vector<int>>(std::vector<int>{1});
     auto runs = std::make_shared<int>(7);
     auto as_json = std::make_shared<bool>(false);
     auto entropy_payload = std::make_shared<std::string>("quant(kbits=4,vbits=4)");
@@ -157,82 +157,144 @@ void AddCodecCommands(CLI::App& app) {
     c->add_option("--entropy-payload", *entropy_payload,
                   "quantised payload on which zstd(level=3) and rans are compared")->capture_default_str();
     c->add_option("--tokens", *tokens, "tokens in the block")->capture_default_str()->check(InRange(1, 65536));
-    c->add_option("--threads", *threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
+    c->add_option("--threads", *threads,
+                  "codec threads; a list (1,2) sweeps them and reports each speed's scaling over the first")
+        ->delimiter(',')->capture_default_str()->check(InRange(1, 256));
     c->add_option("--runs", *runs, "runs per measurement (median)")->capture_default_str()->check(InRange(1, 1000));
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {
       const std::vector<std::string>& list = specs->empty() ? kDefaultBenchStrategies : *specs;
       for (const auto& s : list) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
+      KV_RETURN_IF_ERROR(CanonicalStrategy(*entropy_payload + "|rans").status());
       KV_ASSIGN_OR_RETURN(KvBlock block,
                           BenchBlock(*tokens, Pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))));
-      BenchOptions bo;
-      bo.runs = *runs;
-      bo.threads = *threads;
-      bo.pool = Pool(*threads);
-      bo.env = Codec();
-      KV_RETURN_IF_ERROR(CanonicalStrategy(*entropy_payload + "|rans").status());
-      Progress progress("codec bench", list.size() + 4);
+      // One sweep point per thread count: zstd, every strategy, then the entropy pair.
+      struct Point {
+        int threads = 1;
+        ZstdMeasurement z;
+        std::vector<CodecMeasurement> rows;
+        CodecMeasurement ez, er;
+      };
+      const size_t per_point = list.size() + 3;
+      Progress progress("codec bench", 1 + threads->size() * per_point);
       const double memcpy_gbps = MeasureMemcpyGbps(block.bytes(), *runs);
-      progress.Update(1, "memcpy");
-      BenchOptions zo = bo;
-      zo.runs = std::min(3, *runs);
-      const ZstdMeasurement z = MeasureZstd(block.data(), block.bytes(), 3, zo);
-      progress.Update(2, "zstd");
-      std::vector<CodecMeasurement> rows;
-      for (size_t i = 0; i < list.size(); ++i) {
-        KV_ASSIGN_OR_RETURN(CodecMeasurement m, MeasureCodec(block, list[i], bo));
-        rows.push_back(m);
-        progress.Update(i + 3, m.spec);
+      size_t done = 1;
+      progress.Update(done, "memcpy");
+      std::vector<Point> points;
+      for (int t : *threads) {
+        Point pt;
+        pt.threads = t;
+        BenchOptions bo;
+        bo.runs = *runs;
+        bo.threads = t;
+        bo.pool = Pool(t);
+        bo.env = Codec();
+        const std::string at = " (" + std::to_string(t) + " thread" + (t == 1 ? ")" : "s)");
+        BenchOptions zo = bo;
+        zo.runs = std::min(3, *runs);
+        pt.z = MeasureZstd(block.data(), block.bytes(), 3, zo);
+        progress.Update(++done, "zstd" + at);
+        for (const auto& spec : list) {
+          KV_ASSIGN_OR_RETURN(CodecMeasurement m, MeasureCodec(block, spec, bo));
+          pt.rows.push_back(m);
+          progress.Update(++done, m.spec + at);
+        }
+        KV_ASSIGN_OR_RETURN(pt.ez, MeasureCodec(block, *entropy_payload + "|zstd(level=3)", bo));
+        progress.Update(++done, "entropy: zstd" + at);
+        KV_ASSIGN_OR_RETURN(pt.er, MeasureCodec(block, *entropy_payload + "|rans", bo));
+        progress.Update(++done, "entropy: rans" + at);
+        points.push_back(std::move(pt));
       }
-      KV_ASSIGN_OR_RETURN(CodecMeasurement ez, MeasureCodec(block, *entropy_payload + "|zstd(level=3)", bo));
-      progress.Update(list.size() + 3, "entropy: zstd");
-      KV_ASSIGN_OR_RETURN(CodecMeasurement er, MeasureCodec(block, *entropy_payload + "|rans", bo));
-      progress.Update(list.size() + 4, "entropy: rans");
       progress.Done();
       const std::string payload_spec = CanonicalStrategy(*entropy_payload).value();
+      const Point& base = points.front();
+      auto zstd_json = [](const ZstdMeasurement& z) {
+        return json{{"level", 3}, {"encode_gbps", z.encode_gbps}, {"decode_gbps", z.decode_gbps}, {"ratio", z.ratio}};
+      };
+      auto entropy_json = [&](const Point& p) {
+        return json{{"payload", payload_spec},
+                    {"zstd_bytes", p.ez.frame_bytes},
+                    {"rans_bytes", p.er.frame_bytes},
+                    {"rans_vs_zstd", double(p.er.frame_bytes) / double(p.ez.frame_bytes)},
+                    {"zstd_encode_gbps", p.ez.encode_gbps},
+                    {"rans_encode_gbps", p.er.encode_gbps},
+                    {"zstd_decode_gbps", p.ez.decode_gbps},
+                    {"rans_decode_gbps", p.er.decode_gbps}};
+      };
       if (*as_json) {
+        // The top level is the first thread count (as without a sweep); "sweep" holds every
+        // point, with each speed's scaling over the first point's.
         json j;
         j["block"] = {{"shape", block.shape().ToString()}, {"dtype", "f16"}, {"bytes", block.bytes()}};
-        j["threads"] = *threads;
+        j["threads"] = base.threads;
         j["runs"] = *runs;
         j["memcpy_gbps"] = memcpy_gbps;
-        j["zstd"] = {{"level", 3}, {"encode_gbps", z.encode_gbps}, {"decode_gbps", z.decode_gbps}, {"ratio", z.ratio}};
+        j["zstd"] = zstd_json(base.z);
         j["strategies"] = json::array();
-        for (const auto& m : rows) {
+        for (const auto& m : base.rows) {
           j["strategies"].push_back({{"spec", m.spec}, {"encode_gbps", m.encode_gbps}, {"decode_gbps", m.decode_gbps},
                                      {"ratio", m.ratio}, {"snr_db_k", m.snr_db_k}, {"snr_db_v", m.snr_db_v},
                                      {"encode_vs_memcpy", m.encode_gbps / memcpy_gbps},
                                      {"decode_vs_memcpy", m.decode_gbps / memcpy_gbps}});
         }
-        j["entropy"] = {{"payload", payload_spec},
-                        {"zstd_bytes", ez.frame_bytes},
-                        {"rans_bytes", er.frame_bytes},
-                        {"rans_vs_zstd", double(er.frame_bytes) / double(ez.frame_bytes)},
-                        {"zstd_encode_gbps", ez.encode_gbps},
-                        {"rans_encode_gbps", er.encode_gbps},
-                        {"zstd_decode_gbps", ez.decode_gbps},
-                        {"rans_decode_gbps", er.decode_gbps}};
+        j["entropy"] = entropy_json(base);
+        j["sweep"] = json::array();
+        for (const Point& p : points) {
+          json s = {{"threads", p.threads}, {"zstd", zstd_json(p.z)}, {"entropy", entropy_json(p)}};
+          s["strategies"] = json::array();
+          for (size_t i = 0; i < p.rows.size(); ++i) {
+            const CodecMeasurement& m = p.rows[i];
+            s["strategies"].push_back({{"spec", m.spec}, {"encode_gbps", m.encode_gbps},
+                                       {"decode_gbps", m.decode_gbps},
+                                       {"encode_scaling", m.encode_gbps / base.rows[i].encode_gbps},
+                                       {"decode_scaling", m.decode_gbps / base.rows[i].decode_gbps}});
+          }
+          s["entropy"]["rans_encode_scaling"] = p.er.encode_gbps / base.er.encode_gbps;
+          s["entropy"]["rans_decode_scaling"] = p.er.decode_gbps / base.er.decode_gbps;
+          j["sweep"].push_back(std::move(s));
+        }
         std::printf("%s\n", j.dump(2).c_str());
         return Status::Ok();
       }
-      std::printf("block: llama3-8b %s fp16, %.1f MiB; %d thread(s), median of %d runs\n",
-                  block.shape().ToString().c_str(), block.bytes() / 1048576.0, *threads, *runs);
-      std::printf("memcpy           %7.2f GB/s\n", memcpy_gbps);
-      std::printf("zstd(level=3)    encode %6.2f GB/s  decode %6.2f GB/s  ratio %5.2fx\n\n", z.encode_gbps,
-                  z.decode_gbps, z.ratio);
-      std::printf("%-44s %8s %8s %7s %7s %7s %7s %7s\n", "strategy", "enc GB/s", "dec GB/s", "enc/mc", "dec/mc", "ratio",
-                  "SNR K", "SNR V");
-      for (const auto& m : rows) {
-        std::printf("%-44s %8.2f %8.2f %7.2f %7.2f %6.2fx %7.1f %7.1f\n", m.spec.c_str(), m.encode_gbps,
-                    m.decode_gbps, m.encode_gbps / memcpy_gbps, m.decode_gbps / memcpy_gbps, m.ratio, m.snr_db_k,
-                    m.snr_db_v);
+      std::printf("block: llama3-8b %s fp16, %.1f MiB; median of %d runs\n", block.shape().ToString().c_str(),
+                  block.bytes() / 1048576.0, *runs);
+      std::printf("memcpy           %7.2f GB/s (one thread)\n", memcpy_gbps);
+      for (const Point& p : points) {
+        std::printf("\n== %d thread(s) ==\n", p.threads);
+        std::printf("zstd(level=3)    encode %6.2f GB/s  decode %6.2f GB/s  ratio %5.2fx\n\n", p.z.encode_gbps,
+                    p.z.decode_gbps, p.z.ratio);
+        std::printf("%-44s %8s %8s %7s %7s %7s %7s %7s\n", "strategy", "enc GB/s", "dec GB/s", "enc/mc", "dec/mc",
+                    "ratio", "SNR K", "SNR V");
+        for (const auto& m : p.rows) {
+          std::printf("%-44s %8.2f %8.2f %7.2f %7.2f %6.2fx %7.1f %7.1f\n", m.spec.c_str(), m.encode_gbps,
+                      m.decode_gbps, m.encode_gbps / memcpy_gbps, m.decode_gbps / memcpy_gbps, m.ratio, m.snr_db_k,
+                      m.snr_db_v);
+        }
+        std::printf("\nentropy coding of the same payload, %s:\n", payload_spec.c_str());
+        std::printf("  zstd(level=3) %10llu bytes  enc %6.2f GB/s  dec %6.2f GB/s\n",
+                    static_cast<unsigned long long>(p.ez.frame_bytes), p.ez.encode_gbps, p.ez.decode_gbps);
+        std::printf("  rans          %10llu bytes  enc %6.2f GB/s  dec %6.2f GB/s  (%.1f%% of zstd's size)\n",
+                    static_cast<unsigned long long>(p.er.frame_bytes), p.er.encode_gbps, p.er.decode_gbps,
+                    100.0 * double(p.er.frame_bytes) / double(p.ez.frame_bytes));
       }
-      std::printf("\nentropy coding of the same payload, %s:\n", payload_spec.c_str());
-      std::printf("  zstd(level=3) %10llu bytes  enc %6.2f GB/s  dec %6.2f GB/s\n",
-                  static_cast<unsigned long long>(ez.frame_bytes), ez.encode_gbps, ez.decode_gbps);
-      std::printf("  rans          %10llu bytes  enc %6.2f GB/s  dec %6.2f GB/s  (%.1f%% of zstd's size)\n",
-                  static_cast<unsigned long long>(er.frame_bytes), er.encode_gbps, er.decode_gbps,
-                  100.0 * double(er.frame_bytes) / double(ez.frame_bytes));
+      if (points.size() > 1) {
+        std::printf("\nscaling over %d thread(s), encode / decode:\n", base.threads);
+        std::printf("%-44s", "strategy");
+        for (size_t k = 1; k < points.size(); ++k) std::printf("  %5d thr enc/dec", points[k].threads);
+        std::printf("\n");
+        auto line = [&](const std::string& name, auto get) {
+          std::printf("%-44s", name.c_str());
+          const CodecMeasurement& b = get(base);
+          for (size_t k = 1; k < points.size(); ++k) {
+            const CodecMeasurement& m = get(points[k]);
+            std::printf("      %5.2fx/%5.2fx", m.encode_gbps / b.encode_gbps, m.decode_gbps / b.decode_gbps);
+          }
+          std::printf("\n");
+        };
+        for (size_t i = 0; i < base.rows.size(); ++i)
+          line(base.rows[i].spec, [i](const Point& p) -> const CodecMeasurement& { return p.rows[i]; });
+        line(payload_spec + "|rans", [](const Point& p) -> const CodecMeasurement& { return p.er; });
+      }
       return Status::Ok();
     });
   }

@@ -112,6 +112,23 @@ TEST_F(CliTest, BenchJsonHasTheDocumentedKeys) {
   EXPECT_NEAR(j["strategies"][0]["ratio"].get<double>(), 8192.0 / 1792, 0.01);
 }
 
+TEST_F(CliTest, BenchThreadSweepReportsEachPointAndItsScaling) {
+  CliRun r = Cli("codec bench --tokens 16 --runs 1 --threads 1,2 -s 'quant(kbits=2,vbits=2)' --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["threads"].get<int>(), 1);  // the top level is the first point
+  ASSERT_EQ(j["sweep"].size(), 2u);
+  EXPECT_EQ(j["sweep"][1]["threads"].get<int>(), 2);
+  // The first point is its own baseline; the second's scaling is its speed over the first's.
+  EXPECT_DOUBLE_EQ(j["sweep"][0]["strategies"][0]["encode_scaling"].get<double>(), 1.0);
+  const auto& s0 = j["sweep"][0]["strategies"][0];
+  const auto& s1 = j["sweep"][1]["strategies"][0];
+  EXPECT_NEAR(s1["decode_scaling"].get<double>(),
+              s1["decode_gbps"].get<double>() / s0["decode_gbps"].get<double>(), 1e-9);
+  EXPECT_GT(j["sweep"][1]["entropy"]["rans_encode_scaling"].get<double>(), 0);
+  EXPECT_EQ(j["sweep"][1]["entropy"]["rans_bytes"], j["entropy"]["rans_bytes"]);  // threads never change the frame
+}
+
 TEST_F(CliTest, ModelCommands) {
   setenv("KVSERVE_CACHE", P("cache").c_str(), 1);
   CliRun g = Cli("generate -m babyllama105 -n 40");
