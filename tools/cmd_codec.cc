@@ -211,6 +211,16 @@ void AddCodecCommands(CLI::App& app) {
       auto zstd_json = [](const ZstdMeasurement& z) {
         return json{{"level", 3}, {"encode_gbps", z.encode_gbps}, {"decode_gbps", z.decode_gbps}, {"ratio", z.ratio}};
       };
+      auto strategy_json = [&](const CodecMeasurement& m) {
+        return json{{"spec", m.spec},
+                    {"encode_gbps", m.encode_gbps},
+                    {"decode_gbps", m.decode_gbps},
+                    {"ratio", m.ratio},
+                    {"snr_db_k", m.snr_db_k},
+                    {"snr_db_v", m.snr_db_v},
+                    {"encode_vs_memcpy", m.encode_gbps / memcpy_gbps},
+                    {"decode_vs_memcpy", m.decode_gbps / memcpy_gbps}};
+      };
       auto entropy_json = [&](const Point& p) {
         return json{{"payload", payload_spec},
                     {"zstd_bytes", p.ez.frame_bytes},
@@ -231,23 +241,17 @@ void AddCodecCommands(CLI::App& app) {
         j["memcpy_gbps"] = memcpy_gbps;
         j["zstd"] = zstd_json(base.z);
         j["strategies"] = json::array();
-        for (const auto& m : base.rows) {
-          j["strategies"].push_back({{"spec", m.spec}, {"encode_gbps", m.encode_gbps}, {"decode_gbps", m.decode_gbps},
-                                     {"ratio", m.ratio}, {"snr_db_k", m.snr_db_k}, {"snr_db_v", m.snr_db_v},
-                                     {"encode_vs_memcpy", m.encode_gbps / memcpy_gbps},
-                                     {"decode_vs_memcpy", m.decode_gbps / memcpy_gbps}});
-        }
+        for (const auto& m : base.rows) j["strategies"].push_back(strategy_json(m));
         j["entropy"] = entropy_json(base);
         j["sweep"] = json::array();
         for (const Point& p : points) {
           json s = {{"threads", p.threads}, {"zstd", zstd_json(p.z)}, {"entropy", entropy_json(p)}};
           s["strategies"] = json::array();
           for (size_t i = 0; i < p.rows.size(); ++i) {
-            const CodecMeasurement& m = p.rows[i];
-            s["strategies"].push_back({{"spec", m.spec}, {"encode_gbps", m.encode_gbps},
-                                       {"decode_gbps", m.decode_gbps},
-                                       {"encode_scaling", m.encode_gbps / base.rows[i].encode_gbps},
-                                       {"decode_scaling", m.decode_gbps / base.rows[i].decode_gbps}});
+            json m = strategy_json(p.rows[i]);
+            m["encode_scaling"] = p.rows[i].encode_gbps / base.rows[i].encode_gbps;
+            m["decode_scaling"] = p.rows[i].decode_gbps / base.rows[i].decode_gbps;
+            s["strategies"].push_back(std::move(m));
           }
           s["entropy"]["rans_encode_scaling"] = p.er.encode_gbps / base.er.encode_gbps;
           s["entropy"]["rans_decode_scaling"] = p.er.decode_gbps / base.er.decode_gbps;
