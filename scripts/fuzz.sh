@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-60}"
 build=build-fuzz
 cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DKVSERVE_FUZZ=ON -DKVSERVE_BUILD_TESTS=OFF -DKVSERVE_BUILD_BENCH=OFF -DKVSERVE_SANITIZE=ON \
+  -DKVSERVE_FUZZ=ON -DKVSERVE_BUILD_TESTS=OFF -DKVSERVE_BUILD_BENCH=OFF -DKVSERVE_BUILD_PYTHON=OFF -DKVSERVE_SANITIZE=ON \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" > /dev/null
 targets=(frame spec profile gguf csv)
 cmake --build "$build" --target "${targets[@]/%/_fuzz}" -j "$(nproc)"

@@ -10,6 +10,8 @@ packages=(
   libhiredis-dev redis-server redis-tools
   clang libclang-rt-14-dev
   gnuplot-nox
+  python3-dev python3-pybind11 python3-numpy python3-pytest
+  qemu-user debootstrap dpkg-dev
 )
 missing=()
 for p in "${packages[@]}"; do

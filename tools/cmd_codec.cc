@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "kvserve/codec.h"
 #include "kvserve/codec_bench.h"
+#include "kvserve/cpu.h"
 #include "kvserve/file.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
@@ -32,6 +33,8 @@ Status Info() {
                   p.default_value.c_str(), p.help.c_str());
     }
   }
+  std::printf("\nsimd: %s kernels (this CPU supports %s; KVSERVE_SIMD=baseline|avx2|avx512 caps it)\n",
+              cpu::TierName(cpu::Active()), cpu::TierName(cpu::Detected()));
   return Status::Ok();
 }
 
@@ -239,6 +242,7 @@ void AddCodecCommands(CLI::App& app) {
         j["threads"] = base.threads;
         j["runs"] = *runs;
         j["memcpy_gbps"] = memcpy_gbps;
+        j["simd"] = cpu::TierName(cpu::Active());
         j["zstd"] = zstd_json(base.z);
         j["strategies"] = json::array();
         for (const auto& m : base.rows) j["strategies"].push_back(strategy_json(m));
@@ -262,7 +266,7 @@ void AddCodecCommands(CLI::App& app) {
       }
       std::printf("block: llama3-8b %s fp16, %.1f MiB; median of %d runs\n", block.shape().ToString().c_str(),
                   block.bytes() / 1048576.0, *runs);
-      std::printf("memcpy           %7.2f GB/s (one thread)\n", memcpy_gbps);
+      std::printf("memcpy           %7.2f GB/s (one thread); %s kernels\n", memcpy_gbps, cpu::TierName(cpu::Active()));
       for (const Point& p : points) {
         std::printf("\n== %d thread(s) ==\n", p.threads);
         std::printf("zstd(level=3)    encode %6.2f GB/s  decode %6.2f GB/s  ratio %5.2fx\n\n", p.z.encode_gbps,

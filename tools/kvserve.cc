@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "kvserve/calib.h"
+#include "kvserve/cpu.h"
 #include "kvserve/file.h"
 
 namespace kvserve::cli {
@@ -47,6 +48,15 @@ int Run(CLI::App& app, int argc, char** argv) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
   }
+  // KVSERVE_SIMD caps the kernels' SIMD tier (kvserve/cpu.h), e.g. to time the baseline path.
+  if (const char* simd = std::getenv("KVSERVE_SIMD"); simd && *simd) {
+    auto tier = cpu::ParseTier(simd);
+    if (!tier.ok()) {
+      std::fprintf(stderr, "kvserve: error: KVSERVE_SIMD: %s\n", tier.status().message().c_str());
+      return 2;
+    }
+    cpu::SetCap(*tier);
+  }
   Status st;
   try {
     st = (*g_action)();
@@ -69,8 +79,17 @@ std::string EnvOr(const char* name, const std::string& fallback) {
 }  // namespace
 
 std::string SourceDir() { return KVSERVE_SOURCE_DIR; }
-std::string ModelsDir() { return EnvOr("KVSERVE_MODELS", SourceDir() + "/models"); }
-std::string CacheDir() { return EnvOr("KVSERVE_CACHE", SourceDir() + "/.kvserve-cache"); }
+// The source tree of this build when it is there; an installed CLI (a package) uses the data
+// folder it was installed with and a per-user cache.
+bool HaveSourceTree() { return std::filesystem::exists(SourceDir() + "/models"); }
+std::string ModelsDir() {
+  return EnvOr("KVSERVE_MODELS", HaveSourceTree() ? SourceDir() + "/models" : std::string(KVSERVE_DATA_DIR) + "/models");
+}
+std::string CacheDir() {
+  if (HaveSourceTree()) return EnvOr("KVSERVE_CACHE", SourceDir() + "/.kvserve-cache");
+  const std::string home = EnvOr("HOME", "/tmp");
+  return EnvOr("KVSERVE_CACHE", EnvOr("XDG_CACHE_HOME", home + "/.cache") + "/kvserve");
+}
 std::string CalibDir() { return EnvOr("KVSERVE_CALIB", CacheDir() + "/calib"); }
 
 const CodecEnv& Codec() {

@@ -123,6 +123,11 @@ class Pipeline {
   // stream a request layer by layer.
   Status EncodeLayers(const KvBlock& block, uint32_t layer_begin, uint32_t n_layers, ByteBuffer* frame,
                       const CodecOptions& opts = {}) const;
+  // The same frame from `layers` alone: they hold layers [layer_begin, layer_begin +
+  // layers.n_layer) of a request whose KV has n_layer_total layers, as an engine's connector is
+  // handed one layer at a time. Byte for byte what EncodeLayers gives from the whole block.
+  Status EncodeLayerSlice(const KvBlock& layers, uint32_t layer_begin, uint32_t n_layer_total, ByteBuffer* frame,
+                          const CodecOptions& opts = {}) const;
   // Decodes a frame produced with this pipeline's spec. `out` is reshaped as needed and its
   // storage reused when large enough; when `out` is a view (KvBlock::View) the frame must
   // decode to exactly its shape and is written into the caller's memory, in the view's dtype.

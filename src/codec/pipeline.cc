@@ -69,8 +69,20 @@ Status Pipeline::Encode(const KvBlock& block, ByteBuffer* frame, const CodecOpti
 Status Pipeline::EncodeLayers(const KvBlock& block, uint32_t layer_begin, uint32_t n_layers, ByteBuffer* frame,
                               const CodecOptions& opts) const {
   KV_ASSIGN_OR_RETURN(KvBlock layers, block.LayerView(layer_begin, n_layers));
-  const std::vector<KvShape> shapes = LevelShapes(stages_, block.shape());
-  if (shapes.back().n_token != block.shape().n_token && opts.token_scores == nullptr) {
+  return EncodeLayerSlice(layers, layer_begin, block.shape().n_layer, frame, opts);
+}
+
+Status Pipeline::EncodeLayerSlice(const KvBlock& layers, uint32_t layer_begin, uint32_t n_layer_total,
+                                  ByteBuffer* frame, const CodecOptions& opts) const {
+  if (uint64_t{layer_begin} + layers.shape().n_layer > n_layer_total) {
+    return Status::InvalidArgument("layers " + std::to_string(layer_begin) + ".." +
+                                   std::to_string(uint64_t{layer_begin} + layers.shape().n_layer) +
+                                   " exceed the request's n_layer " + std::to_string(n_layer_total));
+  }
+  KvShape whole = layers.shape();
+  whole.n_layer = n_layer_total;
+  const std::vector<KvShape> shapes = LevelShapes(stages_, whole);
+  if (shapes.back().n_token != whole.n_token && opts.token_scores == nullptr) {
     return Status::InvalidArgument("per-layer frames of '" + canonical_ +
                                    "' need token scores (CodecOptions::token_scores), so that every layer keeps the same tokens");
   }
@@ -80,14 +92,14 @@ Status Pipeline::EncodeLayers(const KvBlock& block, uint32_t layer_begin, uint32
   for (StageSpec& st : spec.stages) {
     for (const StageRegistration& r : StageRegistry()) {
       if (r.info.name != st.name || r.slice_layers == nullptr) continue;
-      KV_ASSIGN_OR_RETURN(StageSpec cut, r.slice_layers(st, block.shape(), layer_begin, n_layers));
+      KV_ASSIGN_OR_RETURN(StageSpec cut, r.slice_layers(st, whole, layer_begin, layers.shape().n_layer));
       sliced = sliced || cut.Canonical() != st.Canonical();
       st = std::move(cut);
     }
   }
-  if (!sliced) return EncodeTagged(layers, layer_begin, block.shape().n_layer, frame, opts);
+  if (!sliced) return EncodeTagged(layers, layer_begin, n_layer_total, frame, opts);
   KV_ASSIGN_OR_RETURN(Pipeline cut, Pipeline::Create(spec.Canonical(), env_));
-  return cut.EncodeTagged(layers, layer_begin, block.shape().n_layer, frame, opts);
+  return cut.EncodeTagged(layers, layer_begin, n_layer_total, frame, opts);
 }
 
 Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32_t n_layer_total, ByteBuffer* frame,

@@ -1,14 +1,16 @@
 // Kernels of uniform asymmetric quantisation (see quant_kernels.h): the plain loops, the
-// AVX-512/F16C loops of this build, and the fused per-block fp16 paths the quant stage uses.
+// AVX-512/F16C loops (taken when the CPU has them, kvserve/cpu.h), and the fused per-block fp16
+// paths the quant stage uses.
 #include "codec/quant_kernels.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "kvserve/cpu.h"
 #include "kvserve/kv.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+#ifdef KVSERVE_HAVE_AVX512_REGION
 #include <immintrin.h>
 #define KVSERVE_QUANT_AVX512 1
 // GCC 12 reports the intrinsics' own _mm512_undefined_*() operands as "may be used
@@ -52,6 +54,7 @@ void UnpackPlane(const uint8_t* in, size_t n8, int shift, uint8_t* codes, bool f
 }
 
 #ifdef KVSERVE_QUANT_AVX512
+KVSERVE_BEGIN_AVX512
 // 64 bytes at a time. AVX-512 has no byte shifts: shifting 16-bit lanes and masking each byte to
 // its W bits drops whatever crossed over from the neighbouring byte.
 template <int W>
@@ -89,12 +92,24 @@ void UnpackPlaneAvx512(const uint8_t* in, size_t n8, int shift, uint8_t* codes, 
   }
   UnpackPlane<W>(in, n8, shift, codes, first, j);
 }
-#define KVSERVE_PACK_PLANE PackPlaneAvx512
-#define KVSERVE_UNPACK_PLANE UnpackPlaneAvx512
-#else
-#define KVSERVE_PACK_PLANE PackPlane
-#define KVSERVE_UNPACK_PLANE UnpackPlane
+KVSERVE_END_TIER
 #endif
+
+// The widest plane loop the CPU runs.
+template <int W>
+void PackPlaneBest(const uint8_t* codes, size_t n8, int shift, uint8_t* out) {
+#ifdef KVSERVE_QUANT_AVX512
+  if (cpu::Use(cpu::Tier::kAvx512)) return PackPlaneAvx512<W>(codes, n8, shift, out);
+#endif
+  PackPlane<W>(codes, n8, shift, out);
+}
+template <int W>
+void UnpackPlaneBest(const uint8_t* in, size_t n8, int shift, uint8_t* codes, bool first) {
+#ifdef KVSERVE_QUANT_AVX512
+  if (cpu::Use(cpu::Tier::kAvx512)) return UnpackPlaneAvx512<W>(in, n8, shift, codes, first);
+#endif
+  UnpackPlane<W>(in, n8, shift, codes, first);
+}
 }  // namespace
 
 void PackCodes(const uint8_t* codes, size_t n8, int bits, uint8_t* out) {
@@ -103,9 +118,9 @@ void PackCodes(const uint8_t* codes, size_t n8, int bits, uint8_t* out) {
     return;
   }
   int shift = 0;
-  if (bits & 4) { KVSERVE_PACK_PLANE<4>(codes, n8, shift, out); out += n8 / 2; shift += 4; }
-  if (bits & 2) { KVSERVE_PACK_PLANE<2>(codes, n8, shift, out); out += n8 / 4; shift += 2; }
-  if (bits & 1) { KVSERVE_PACK_PLANE<1>(codes, n8, shift, out); }
+  if (bits & 4) { PackPlaneBest<4>(codes, n8, shift, out); out += n8 / 2; shift += 4; }
+  if (bits & 2) { PackPlaneBest<2>(codes, n8, shift, out); out += n8 / 4; shift += 2; }
+  if (bits & 1) { PackPlaneBest<1>(codes, n8, shift, out); }
 }
 
 void UnpackCodes(const uint8_t* in, size_t n8, int bits, uint8_t* codes) {
@@ -115,9 +130,9 @@ void UnpackCodes(const uint8_t* in, size_t n8, int bits, uint8_t* codes) {
   }
   int shift = 0;
   bool first = true;
-  if (bits & 4) { KVSERVE_UNPACK_PLANE<4>(in, n8, shift, codes, first); in += n8 / 2; shift += 4; first = false; }
-  if (bits & 2) { KVSERVE_UNPACK_PLANE<2>(in, n8, shift, codes, first); in += n8 / 4; shift += 2; first = false; }
-  if (bits & 1) { KVSERVE_UNPACK_PLANE<1>(in, n8, shift, codes, first); }
+  if (bits & 4) { UnpackPlaneBest<4>(in, n8, shift, codes, first); in += n8 / 2; shift += 4; first = false; }
+  if (bits & 2) { UnpackPlaneBest<2>(in, n8, shift, codes, first); in += n8 / 4; shift += 2; first = false; }
+  if (bits & 1) { UnpackPlaneBest<1>(in, n8, shift, codes, first); }
 }
 
 void PackCodesReference(const uint8_t* codes, size_t n8, int bits, uint8_t* out) {
@@ -277,6 +292,7 @@ void DequantizeRowGroups(const uint8_t* codes, size_t rows, size_t n_channel, si
 
 
 #ifdef KVSERVE_QUANT_AVX512
+KVSERVE_BEGIN_AVX512
 namespace {
 inline void StoreHalf16(uint16_t* dst, __m256i h, bool stream) {
   if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), h);
@@ -287,112 +303,162 @@ inline __m128i Codes16(__m512 v, __m512 fl) {
   return _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(v));
 }
 }  // namespace
+KVSERVE_END_TIER
+#endif
+
+#ifdef KVSERVE_QUANT_AVX512
+KVSERVE_BEGIN_AVX512
+namespace {
+void RowGroupMinMaxFastAvx512(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx) {
+  const size_t n_group = n_channel / group;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < n_group; ++g) {
+      const float* p = x + r * n_channel + g * group;
+      __m512 lo = _mm512_loadu_ps(p), hi = lo;
+      for (size_t c = 16; c < group; c += 16) {
+        const __m512 v = _mm512_loadu_ps(p + c);
+        lo = _mm512_min_ps(lo, v);
+        hi = _mm512_max_ps(hi, v);
+      }
+      mn[r * n_group + g] = _mm512_reduce_min_ps(lo);
+      mx[r * n_group + g] = _mm512_reduce_max_ps(hi);
+    }
+  }
+}
+}  // namespace
+KVSERVE_END_TIER
 #endif
 
 void RowGroupMinMaxFast(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx) {
 #ifdef KVSERVE_QUANT_AVX512
-  if (group % 16 == 0 && n_channel % group == 0) {
-    const size_t n_group = n_channel / group;
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t g = 0; g < n_group; ++g) {
-        const float* p = x + r * n_channel + g * group;
-        __m512 lo = _mm512_loadu_ps(p), hi = lo;
-        for (size_t c = 16; c < group; c += 16) {
-          const __m512 v = _mm512_loadu_ps(p + c);
-          lo = _mm512_min_ps(lo, v);
-          hi = _mm512_max_ps(hi, v);
-        }
-        mn[r * n_group + g] = _mm512_reduce_min_ps(lo);
-        mx[r * n_group + g] = _mm512_reduce_max_ps(hi);
-      }
-    }
-    return;
+  if (cpu::Use(cpu::Tier::kAvx512) && group % 16 == 0 && n_channel % group == 0) {
+    return RowGroupMinMaxFastAvx512(x, rows, n_channel, group, mn, mx);
   }
 #endif
   RowGroupMinMax(x, rows, n_channel, group, mn, mx);
 }
 
+#ifdef KVSERVE_QUANT_AVX512
+KVSERVE_BEGIN_AVX512
+namespace {
+void QuantizeColumnsFastAvx512(const float* x, size_t rows, size_t n_channel, const float* lo, const float* inv_step,
+                               int levels, uint8_t* codes) {
+  const __m512 fl = _mm512_set1_ps(float(levels));
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < n_channel; c += 16) {
+      const __m512 l = _mm512_loadu_ps(lo + c), inv = _mm512_loadu_ps(inv_step + c);
+      const __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n_channel + c), l), inv);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + r * n_channel + c), Codes16(v, fl));
+    }
+  }
+}
+}  // namespace
+KVSERVE_END_TIER
+#endif
+
 void QuantizeColumnsFast(const float* x, size_t rows, size_t n_channel, const float* lo, const float* inv_step,
                          int levels, uint8_t* codes) {
 #ifdef KVSERVE_QUANT_AVX512
-  if (n_channel % 16 == 0) {
-    const __m512 fl = _mm512_set1_ps(float(levels));
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t c = 0; c < n_channel; c += 16) {
-        const __m512 l = _mm512_loadu_ps(lo + c), inv = _mm512_loadu_ps(inv_step + c);
-        const __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n_channel + c), l), inv);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + r * n_channel + c), Codes16(v, fl));
-      }
-    }
-    return;
+  if (cpu::Use(cpu::Tier::kAvx512) && n_channel % 16 == 0) {
+    return QuantizeColumnsFastAvx512(x, rows, n_channel, lo, inv_step, levels, codes);
   }
 #endif
   QuantizeColumns(x, rows, n_channel, lo, inv_step, levels, codes);
 }
 
+#ifdef KVSERVE_QUANT_AVX512
+KVSERVE_BEGIN_AVX512
+namespace {
+void QuantizeRowGroupsFastAvx512(const float* x, size_t rows, size_t n_channel, size_t group, const float* lo,
+                                 const float* inv_step, int levels, uint8_t* codes) {
+  const __m512 fl = _mm512_set1_ps(float(levels));
+  const size_t n_group = n_channel / group;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < n_group; ++g) {
+      const __m512 l = _mm512_set1_ps(lo[r * n_group + g]), inv = _mm512_set1_ps(inv_step[r * n_group + g]);
+      const size_t base = r * n_channel + g * group;
+      for (size_t c = 0; c < group; c += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + base + c), l), inv);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + base + c), Codes16(v, fl));
+      }
+    }
+  }
+}
+}  // namespace
+KVSERVE_END_TIER
+#endif
+
 void QuantizeRowGroupsFast(const float* x, size_t rows, size_t n_channel, size_t group, const float* lo,
                            const float* inv_step, int levels, uint8_t* codes) {
 #ifdef KVSERVE_QUANT_AVX512
-  if (group % 16 == 0 && n_channel % group == 0) {
-    const __m512 fl = _mm512_set1_ps(float(levels));
-    const size_t n_group = n_channel / group;
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t g = 0; g < n_group; ++g) {
-        const __m512 l = _mm512_set1_ps(lo[r * n_group + g]), inv = _mm512_set1_ps(inv_step[r * n_group + g]);
-        const size_t base = r * n_channel + g * group;
-        for (size_t c = 0; c < group; c += 16) {
-          const __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + base + c), l), inv);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + base + c), Codes16(v, fl));
-        }
-      }
-    }
-    return;
+  if (cpu::Use(cpu::Tier::kAvx512) && group % 16 == 0 && n_channel % group == 0) {
+    return QuantizeRowGroupsFastAvx512(x, rows, n_channel, group, lo, inv_step, levels, codes);
   }
 #endif
   QuantizeRowGroups(x, rows, n_channel, group, lo, inv_step, levels, codes);
 }
 
+#ifdef KVSERVE_QUANT_AVX512
+KVSERVE_BEGIN_AVX512
+namespace {
+void DequantizeColumnsF16Avx512(const uint8_t* codes, size_t rows, size_t n_channel, const float* lo, const float* step,
+                                float* scratch, uint16_t* dst) {
+  const bool stream = (reinterpret_cast<uintptr_t>(dst) & 31) == 0;
+  // Row-major order: streaming stores must fill whole cache lines in sequence.
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < n_channel; c += 16) {
+      const __m512 l = _mm512_loadu_ps(lo + c), st = _mm512_loadu_ps(step + c);
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + r * n_channel + c));
+      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), st, l);
+      StoreHalf16(dst + r * n_channel + c, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT), stream);
+    }
+  }
+  _mm_sfence();
+}
+}  // namespace
+KVSERVE_END_TIER
+#endif
+
 void DequantizeColumnsF16(const uint8_t* codes, size_t rows, size_t n_channel, const float* lo, const float* step,
                           float* scratch, uint16_t* dst) {
 #ifdef KVSERVE_QUANT_AVX512
-  if (n_channel % 16 == 0) {
-    const bool stream = (reinterpret_cast<uintptr_t>(dst) & 31) == 0;
-    // Row-major order: streaming stores must fill whole cache lines in sequence.
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t c = 0; c < n_channel; c += 16) {
-        const __m512 l = _mm512_loadu_ps(lo + c), st = _mm512_loadu_ps(step + c);
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + r * n_channel + c));
-        const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), st, l);
-        StoreHalf16(dst + r * n_channel + c, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT), stream);
-      }
-    }
-    _mm_sfence();
-    return;
+  if (cpu::Use(cpu::Tier::kAvx512) && n_channel % 16 == 0) {
+    return DequantizeColumnsF16Avx512(codes, rows, n_channel, lo, step, scratch, dst);
   }
 #endif
   DequantizeColumns(codes, rows, n_channel, lo, step, scratch);
   ConvertFromF32Streaming(DType::kF16, scratch, dst, rows * n_channel);
 }
 
+#ifdef KVSERVE_QUANT_AVX512
+KVSERVE_BEGIN_AVX512
+namespace {
+void DequantizeRowGroupsF16Avx512(const uint8_t* codes, size_t rows, size_t n_channel, size_t group, const float* lo,
+                                  const float* step, float* scratch, uint16_t* dst) {
+  const bool stream = (reinterpret_cast<uintptr_t>(dst) & 31) == 0;
+  const size_t n_group = n_channel / group;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < n_group; ++g) {
+      const __m512 l = _mm512_set1_ps(lo[r * n_group + g]), st = _mm512_set1_ps(step[r * n_group + g]);
+      const size_t base = r * n_channel + g * group;
+      for (size_t c = 0; c < group; c += 16) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + base + c));
+        const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), st, l);
+        StoreHalf16(dst + base + c, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT), stream);
+      }
+    }
+  }
+  _mm_sfence();
+}
+}  // namespace
+KVSERVE_END_TIER
+#endif
+
 void DequantizeRowGroupsF16(const uint8_t* codes, size_t rows, size_t n_channel, size_t group, const float* lo,
                             const float* step, float* scratch, uint16_t* dst) {
 #ifdef KVSERVE_QUANT_AVX512
-  if (group % 16 == 0 && n_channel % group == 0) {
-    const bool stream = (reinterpret_cast<uintptr_t>(dst) & 31) == 0;
-    const size_t n_group = n_channel / group;
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t g = 0; g < n_group; ++g) {
-        const __m512 l = _mm512_set1_ps(lo[r * n_group + g]), st = _mm512_set1_ps(step[r * n_group + g]);
-        const size_t base = r * n_channel + g * group;
-        for (size_t c = 0; c < group; c += 16) {
-          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + base + c));
-          const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), st, l);
-          StoreHalf16(dst + base + c, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT), stream);
-        }
-      }
-    }
-    _mm_sfence();
-    return;
+  if (cpu::Use(cpu::Tier::kAvx512) && group % 16 == 0 && n_channel % group == 0) {
+    return DequantizeRowGroupsF16Avx512(codes, rows, n_channel, group, lo, step, scratch, dst);
   }
 #endif
   DequantizeRowGroups(codes, rows, n_channel, group, lo, step, scratch);
@@ -479,6 +545,7 @@ void DecodeBlockComposed(const uint8_t* src, size_t rows, size_t D, size_t group
 }
 
 #ifdef KVSERVE_QUANT_AVX512
+KVSERVE_BEGIN_AVX512
 inline __m512 LoadHalf16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -507,8 +574,12 @@ void ColumnMinMaxF16Stripes(const uint16_t* src, float* x, size_t rows, size_t D
 // two 128-bit folds interleave the groups, so 4 groups cost what one _mm512_reduce_* pair does.
 // Returns lanes 0..3 = groups 0..3.
 template <bool kMin>
+inline __m512 MinOrMax(__m512 a, __m512 b) {
+  return kMin ? _mm512_min_ps(a, b) : _mm512_max_ps(a, b);
+}
+template <bool kMin>
 inline __m128 Fold4(__m512 g0, __m512 g1, __m512 g2, __m512 g3) {
-  auto op = [](__m512 a, __m512 b) { return kMin ? _mm512_min_ps(a, b) : _mm512_max_ps(a, b); };
+  constexpr auto op = MinOrMax<kMin>;
   // [g0 lo8 | g1 lo8] vs [g0 hi8 | g1 hi8] -> 8 lanes of g0, 8 of g1.
   const __m512 m01 = op(_mm512_shuffle_f32x4(g0, g1, 0x44), _mm512_shuffle_f32x4(g0, g1, 0xEE));
   const __m512 m23 = op(_mm512_shuffle_f32x4(g2, g3, 0x44), _mm512_shuffle_f32x4(g2, g3, 0xEE));
@@ -683,6 +754,7 @@ bool DecodeBlockF16Fused(const uint8_t* src, size_t rows, size_t D, size_t group
   else DecodeBlockF16Avx512<kBits, false>(src, rows, D, group, dst, s);
   return true;
 }
+KVSERVE_END_TIER
 #endif
 
 }  // namespace
@@ -690,7 +762,7 @@ bool DecodeBlockF16Fused(const uint8_t* src, size_t rows, size_t D, size_t group
 size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits, uint8_t* dst,
                    BlockScratch& s) {
 #ifdef KVSERVE_QUANT_AVX512
-  if (dt == DType::kF16 && FusedWidthsFit(n_channel, group) && rows > 0) {
+  if (cpu::Use(cpu::Tier::kAvx512) && dt == DType::kF16 && FusedWidthsFit(n_channel, group) && rows > 0) {
     return EncodeBlockF16Avx512(static_cast<const uint16_t*>(src), rows, n_channel, group, bits, dst, s);
   }
 #endif
@@ -700,7 +772,7 @@ size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, siz
 void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt, void* dst,
                  BlockScratch& s) {
 #ifdef KVSERVE_QUANT_AVX512
-  if (dt == DType::kF16 && FusedWidthsFit(n_channel, group)) {
+  if (cpu::Use(cpu::Tier::kAvx512) && dt == DType::kF16 && FusedWidthsFit(n_channel, group)) {
     s.Reserve(rows * n_channel, BlockMetaCount(rows, n_channel, group));
     uint16_t* o = static_cast<uint16_t*>(dst);
     bool done = false;
@@ -732,15 +804,17 @@ void DecodeBlockReference(const uint8_t* src, size_t rows, size_t n_channel, siz
 
 void StreamFence() {
 #ifdef KVSERVE_QUANT_AVX512
-  _mm_sfence();
+  if (cpu::Use(cpu::Tier::kAvx512)) _mm_sfence();
 #endif
 }
 
+bool HaveAvx512Kernels() {
 #ifdef KVSERVE_QUANT_AVX512
-bool HaveAvx512Kernels() { return true; }
+  return cpu::Use(cpu::Tier::kAvx512);
 #else
-bool HaveAvx512Kernels() { return false; }
+  return false;
 #endif
+}
 
 }  // namespace quant
 }  // namespace kvserve

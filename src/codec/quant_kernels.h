@@ -17,8 +17,8 @@ namespace kvserve::quant {
 // holds code j + i*(n/k) in its bits [i*w, i*w + w). Every byte of a plane is computed from
 // k contiguous streams, so packing and unpacking vectorise without shuffles.
 size_t PackedBytes(size_t n, int bits);  // n rounded up to a multiple of 8, times bits / 8
-// Whether the *Fast and fused kernels of this build use their AVX-512/F16C loops (else the
-// portable loops).
+// Whether the *Fast and fused kernels run their AVX-512/F16C loops now: the CPU has them and
+// the tier is not capped (kvserve/cpu.h); else the portable loops.
 bool HaveAvx512Kernels();
 void PackCodes(const uint8_t* codes, size_t n_padded, int bits, uint8_t* out);
 void UnpackCodes(const uint8_t* in, size_t n_padded, int bits, uint8_t* codes);
@@ -52,7 +52,7 @@ void ColumnMinMax(const float* x, size_t rows, size_t n_channel, float* mn, floa
 // in (row, group) order.
 void RowGroupMinMax(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx);
 
-// Fast kernels: each equals its plain counterpart and uses AVX-512 when the build has it and the
+// Fast kernels: each equals its plain counterpart and uses AVX-512 when the CPU has it and the
 // widths are multiples of 16; otherwise it runs the plain loop.
 // As RowGroupMinMax, vectorised over each group.
 void RowGroupMinMaxFast(const float* x, size_t rows, size_t n_channel, size_t group, float* mn, float* mx);
@@ -78,7 +78,8 @@ struct BlockScratch {
 };
 size_t BlockMetaCount(size_t rows, size_t n_channel, size_t group);
 size_t BlockBytes(size_t rows, size_t n_channel, size_t group, int bits);
-// Encodes a block of `dt` values. fp16 with 16-multiple widths takes the fused AVX-512 loop
+// Encodes a block of `dt` values. fp16 with 16-multiple widths takes the fused AVX-512 loop on
+// CPUs that have it
 // (one pass over the fp16 source for min/max, the codes from its float copy in L1);
 // everything else converts to float and runs the *Fast kernels. Returns the index of the first
 // group whose range does not fit fp16 metadata (its min/max are left in s.mn/s.mx), or m.

@@ -7,7 +7,9 @@
 #include <bit>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#include "kvserve/cpu.h"
+
+#ifdef KVSERVE_HAVE_AVX512_REGION
 #include <immintrin.h>
 #define KVSERVE_RANS_AVX512 1
 // GCC 12 reports the intrinsics' own _mm512_undefined_*() operands (the gathers' pass-through)
@@ -122,7 +124,8 @@ void EncodeRunScalar(EncoderState& st, const Run& r, const uint32_t* rcp, uint32
   }
 }
 
-#if KVSERVE_RANS_AVX512 && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512CD__)
+#if KVSERVE_RANS_AVX512
+KVSERVE_BEGIN_AVX512
 namespace {
 // One vector of 16 lanes: flush (the words of the lanes that need it, compress-stored below
 // ptr in lane order), then encode.
@@ -147,9 +150,8 @@ inline void EncodeVector(__m512i& x, uint8_t*& ptr, __m512i e, __m512i rcp) {
   const __m512i cmpl = _mm512_sub_epi32(_mm512_set1_epi32(kProbScale), freq);
   x = _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_mullo_epi32(q, cmpl));
 }
-}  // namespace
 
-void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
+void EncodeRunAvx512(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
   if (n == 0) return;
   const int C = int(r.n_channel);
   // Channels of the lanes of the last group, stepped back one group at a time.
@@ -180,17 +182,27 @@ void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, 
   _mm512_storeu_si512(st.x + 16, x1);
   st.ptr = ptr;
 }
-bool HaveSimdEncoder() { return true; }
-#else
-bool HaveSimdEncoder() { return false; }
-void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
-  EncodeRunScalar(st, r, rcp, n, sym);
-}
+}  // namespace
+KVSERVE_END_TIER
 #endif
 
+bool HaveSimdEncoder() {
 #if KVSERVE_RANS_AVX512
-bool HaveSimdDecoder() { return true; }
+  return cpu::Use(cpu::Tier::kAvx512);
+#else
+  return false;
+#endif
+}
 
+void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
+#if KVSERVE_RANS_AVX512
+  if (cpu::Use(cpu::Tier::kAvx512)) return EncodeRunAvx512(st, r, rcp, n, sym);
+#endif
+  EncodeRunScalar(st, r, rcp, n, sym);
+}
+
+#if KVSERVE_RANS_AVX512
+KVSERVE_BEGIN_AVX512
 namespace {
 
 // The states below kLow take the next words of the stream, in lane order: one expand-load.
@@ -245,10 +257,9 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
   return j >= n || DecodeRunScalar(st, r, j, n, out);
 }
 
-}  // namespace
 
-bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables,
-               const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out) {
+bool DecodeRunAvx512(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables,
+                     const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out) {
   if (!lane_tables.empty()) return DecodeRunScan(st, r, lane_tables.data(), n, out);
   // Byte-addressed 4-byte gathers into the slot tables (their padding keeps the last in bounds).
   const int* lut = slot_tables.empty() ? nullptr : reinterpret_cast<const int*>(slot_tables.data());
@@ -305,14 +316,25 @@ bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane
   st.ptr = ptr;
   return j >= n || DecodeRunScalar(st, r, j, n, out);
 }
-#else
-bool HaveSimdDecoder() { return false; }
+}  // namespace
+KVSERVE_END_TIER
+#endif
 
-bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>&, const std::vector<uint8_t>&, uint32_t n,
-               uint8_t* out) {
+bool HaveSimdDecoder() {
+#if KVSERVE_RANS_AVX512
+  return cpu::Use(cpu::Tier::kAvx512);
+#else
+  return false;
+#endif
+}
+
+bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables,
+               const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out) {
+#if KVSERVE_RANS_AVX512
+  if (cpu::Use(cpu::Tier::kAvx512)) return DecodeRunAvx512(st, r, lane_tables, slot_tables, n, out);
+#endif
   return DecodeRunScalar(st, r, 0, n, out);
 }
-#endif
 
 ContextCounter::ContextCounter(uint32_t n_channel, int bits, uint64_t* cnt, uint64_t* cnt_pred)
     : C_(n_channel), A_(1u << bits), mask_(uint8_t(A_ - 1)), cnt_(cnt), cnt_pred_(cnt_pred),

@@ -47,13 +47,13 @@ std::vector<uint32_t> LaneTables(const Run& run);
 // Worth building only when the run is long next to the tables (the caller decides).
 std::vector<uint8_t> SlotTables(const Run& run);
 
-// The same decode with the widest SIMD this build has (AVX-512: compares over `lane_tables`
+// The same decode with the widest SIMD the CPU has (kvserve/cpu.h) (AVX-512: compares over `lane_tables`
 // where given, else slot lookups in `slot_tables` where given, else a binary search by
 // gathers), falling back to the scalar loop for the last groups near the end of the stream.
 bool DecodeRun(DecoderState& st, const Run& run, const std::vector<uint32_t>& lane_tables,
                const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out);
 bool HaveSimdDecoder();
-// Whether the encoder has its AVX-512 loop in this build (it also needs AVX-512 BW/VL/CD).
+// Whether the encoder runs its AVX-512 loop (the CPU has AVX-512 F/BW/VL/DQ/CD and no cap says otherwise).
 bool HaveSimdEncoder();
 
 // Encoder side of a run: the same tables (entries start | freq << 16) plus, per entry, the
@@ -70,7 +70,7 @@ struct EncoderState {
 // Encodes a run's symbols (a multiple of kLanes) backwards — the last group first, lanes from
 // 31 down — so that DecodeRun reads them forwards. `rcp` is laid out like `run.entries`.
 void EncodeRunScalar(EncoderState& st, const Run& run, const uint32_t* rcp, uint32_t n, const uint8_t* sym);
-// The same stream with AVX-512 where built with it (16 lanes per vector, compress-stored words).
+// The same stream with AVX-512 where the CPU has it (16 lanes per vector, compress-stored words).
 void EncodeRun(EncoderState& st, const Run& run, const uint32_t* rcp, uint32_t n, const uint8_t* sym);
 
 // Per-channel symbol counts of one code context (cnt[ch * 2^bits + s]) and, where cnt_pred is

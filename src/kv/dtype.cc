@@ -1,10 +1,11 @@
-// Storage dtype conversions (f32 <-> f16/bf16). The F16C path is used when the build targets it;
-// the scalar functions are the reference the SIMD path is tested against.
+// Storage dtype conversions (f32 <-> f16/bf16). The F16C loops run when the CPU has them (runtime
+// dispatch, kvserve/cpu.h); the scalar functions are the reference they are tested against.
 #include <cstring>
 
+#include "kvserve/cpu.h"
 #include "kvserve/kv.h"
 
-#if defined(__F16C__) && defined(__AVX2__)
+#ifdef KVSERVE_HAVE_AVX2_REGION
 #include <immintrin.h>
 #define KVSERVE_HAVE_F16C 1
 #endif
@@ -15,11 +16,13 @@ inline uint32_t Bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float FromBits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 }  // namespace
 
+bool HaveF16cConversions() {
 #ifdef KVSERVE_HAVE_F16C
-bool HaveF16cConversions() { return true; }
+  return cpu::Use(cpu::Tier::kAvx2);
 #else
-bool HaveF16cConversions() { return false; }
+  return false;
 #endif
+}
 
 size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
@@ -89,15 +92,50 @@ void FloatToHalf(const float* src, uint16_t* dst, size_t n) {
 }  // namespace scalar
 
 namespace {
-void HalfToFloatFast(const uint16_t* src, float* dst, size_t n) {
-  size_t i = 0;
 #ifdef KVSERVE_HAVE_F16C
+KVSERVE_BEGIN_AVX2
+size_t HalfToFloatF16c(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
     __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 8));
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(a));
     _mm256_storeu_ps(dst + i + 8, _mm256_cvtph_ps(b));
   }
+  return i;
+}
+
+size_t FloatToHalfF16c(const float* src, uint16_t* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 8), b);
+  }
+  return i;
+}
+
+// dst 16-byte aligned; ends with a fence that orders the streaming stores before anything this
+// thread publishes next.
+size_t FloatToHalfF16cStreaming(const float* src, uint16_t* d, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 8), b);
+  }
+  _mm_sfence();
+  return i;
+}
+KVSERVE_END_TIER
+#endif
+
+void HalfToFloatFast(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+#ifdef KVSERVE_HAVE_F16C
+  if (cpu::Use(cpu::Tier::kAvx2)) i = HalfToFloatF16c(src, dst, n);
 #endif
   scalar::HalfToFloat(src + i, dst + i, n - i);
 }
@@ -105,12 +143,7 @@ void HalfToFloatFast(const uint16_t* src, float* dst, size_t n) {
 void FloatToHalfFast(const float* src, uint16_t* dst, size_t n) {
   size_t i = 0;
 #ifdef KVSERVE_HAVE_F16C
-  for (; i + 16 <= n; i += 16) {
-    __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-    __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 8), b);
-  }
+  if (cpu::Use(cpu::Tier::kAvx2)) i = FloatToHalfF16c(src, dst, n);
 #endif
   scalar::FloatToHalf(src + i, dst + i, n - i);
 }
@@ -143,16 +176,9 @@ void ConvertFromF32(DType dst_dtype, const float* src, void* dst, size_t n) {
 
 void ConvertFromF32Streaming(DType dst_dtype, const float* src, void* dst, size_t n) {
 #ifdef KVSERVE_HAVE_F16C
-  if (dst_dtype == DType::kF16 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+  if (dst_dtype == DType::kF16 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0 && cpu::Use(cpu::Tier::kAvx2)) {
     uint16_t* d = static_cast<uint16_t*>(dst);
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-      __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-      __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 8), b);
-    }
-    _mm_sfence();  // order the streaming stores before anything this thread publishes next
+    const size_t i = FloatToHalfF16cStreaming(src, d, n);
     scalar::FloatToHalf(src + i, d + i, n - i);
     return;
   }

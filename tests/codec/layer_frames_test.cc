@@ -45,6 +45,29 @@ TEST(LayerFrames, HeaderNamesRequestAndLayers) {
   EXPECT_FALSE(p.EncodeLayers(in, 0, 0, &f).ok());
 }
 
+// A connector holds one layer at a time: encoding a copy of that layer alone, told where it sits,
+// gives the bytes EncodeLayers gives from the whole block (layer-named stages sliced alike).
+TEST(LayerFrames, LayerSliceEqualsLayersOfTheWholeBlock) {
+  KvBlock in = Input();
+  for (const char* spec : {"none", "quant(kbits=2,vbits=2,boost_layers=2,boost_bits=2)|zstd", "mixhq|rans"}) {
+    Pipeline p = Pipeline::Create(spec).value();
+    CodecOptions o;
+    o.request_id = 3;
+    for (uint32_t l = 0; l < in.shape().n_layer; ++l) {
+      ByteBuffer from_block, from_slice;
+      ASSERT_TRUE(p.EncodeLayers(in, l, 1, &from_block, o).ok());
+      KvBlock one = in.LayerView(l, 1).value().ConvertTo(in.dtype()).value();  // an owning copy
+      ASSERT_TRUE(p.EncodeLayerSlice(one, l, in.shape().n_layer, &from_slice, o).ok());
+      EXPECT_EQ(from_block, from_slice) << spec << " layer " << l;
+    }
+    ByteBuffer f;
+    KvBlock one = in.LayerView(3, 1).value();
+    Status st = p.EncodeLayerSlice(one, 3, 3, &f, o);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("exceed the request's n_layer 3"), std::string::npos) << st.message();
+  }
+}
+
 // For each strategy: layer frames assembled in reverse order equal the whole-block decode.
 TEST(LayerFrames, AssembledLayersEqualTheWholeBlock) {
   KvBlock in = Input();

@@ -17,7 +17,10 @@
 namespace kvserve {
 namespace {
 
-TEST(QuantPack, MatchesReferenceAndRoundTripsForEveryWidth) {
+using QuantPackTiers = testing::SimdTier;
+using QuantKernelTiers = testing::SimdTier;
+
+TEST_P(QuantPackTiers, MatchesReferenceAndRoundTripsForEveryWidth) {
   std::mt19937 rng(5);
   for (int bits = 1; bits <= 8; ++bits) {
     for (size_t n : {8u, 64u, 1024u, 4096u + 8}) {
@@ -33,7 +36,7 @@ TEST(QuantPack, MatchesReferenceAndRoundTripsForEveryWidth) {
   }
 }
 
-TEST(QuantKernels, FastPathsEqualPlainOnes) {
+TEST_P(QuantKernelTiers, FastPathsEqualPlainOnes) {
   // The fast kernels differ from the plain ones without AVX-512 too (fused, reordered loops).
   testing::ReportSimdPath("quant kernels", quant::HaveAvx512Kernels(), "AVX-512/F16C", "portable loops");
   std::mt19937 rng(9);
@@ -87,7 +90,7 @@ TEST(QuantKernels, FastPathsEqualPlainOnes) {
   }
 }
 
-TEST(QuantKernels, BlockKernelsEqualTheirReference) {
+TEST_P(QuantKernelTiers, BlockKernelsEqualTheirReference) {
   // The stage's block kernels (fused fp16 loops where this build has AVX-512, else the float
   // path) against the composition of the plain kernels: same bytes, decode within one ulp.
   testing::ReportSimdPath("quant block kernels", quant::HaveAvx512Kernels(), "AVX-512/F16C fused", "portable loops");
@@ -288,6 +291,9 @@ TEST(QuantStage, MalformedPayloadIsRejected) {
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
   EXPECT_NE(st.message().find("quant payload header"), std::string::npos) << st.message();
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiers, QuantPackTiers, testing::AllTiers(), testing::TierParamName);
+INSTANTIATE_TEST_SUITE_P(Tiers, QuantKernelTiers, testing::AllTiers(), testing::TierParamName);
 
 }  // namespace
 }  // namespace kvserve

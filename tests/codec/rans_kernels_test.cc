@@ -12,6 +12,8 @@
 namespace kvserve::rans {
 namespace {
 
+using RansKernelTiers = testing::SimdTier;
+
 // Random normalised tables: some symbols absent (leading, inner and trailing), some tables a
 // single symbol.
 std::vector<uint32_t> RandomTables(std::mt19937& rng, uint32_t n_tables, int bits) {
@@ -43,9 +45,9 @@ std::vector<uint32_t> RandomTables(std::mt19937& rng, uint32_t n_tables, int bit
   return entries;
 }
 
-TEST(RansKernels, SimdDecodeMatchesScalar) {
+TEST_P(RansKernelTiers, SimdDecodeMatchesScalar) {
   if (!testing::ReportSimdPath("rans decode", HaveSimdDecoder(), "AVX-512", "scalar only")) {
-    GTEST_SKIP() << "this build has no AVX-512 rans decoder (CPU or -DKVSERVE_NATIVE=OFF): nothing to compare";
+    GTEST_SKIP() << "no AVX-512 rans decoder at this tier: nothing to compare";
   }
   std::mt19937 rng(7);
   for (int bits = 1; bits <= 8; ++bits) {
@@ -90,9 +92,9 @@ TEST(RansKernels, SimdDecodeMatchesScalar) {
   }
 }
 
-TEST(RansKernels, SimdEncodeMatchesScalarAndDecodesBack) {
+TEST_P(RansKernelTiers, SimdEncodeMatchesScalarAndDecodesBack) {
   if (!testing::ReportSimdPath("rans encode", HaveSimdEncoder(), "AVX-512", "scalar only")) {
-    GTEST_SKIP() << "this build has no AVX-512 rans encoder (CPU or -DKVSERVE_NATIVE=OFF): nothing to compare";
+    GTEST_SKIP() << "no AVX-512 rans encoder at this tier: nothing to compare";
   }
   std::mt19937 rng(11);
   for (int bits = 1; bits <= 8; ++bits) {
@@ -191,6 +193,8 @@ TEST(RansKernels, ContextCounterMatchesReference) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiers, RansKernelTiers, testing::AllTiers(), testing::TierParamName);
 
 }  // namespace
 }  // namespace kvserve::rans

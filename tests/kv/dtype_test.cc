@@ -11,7 +11,9 @@
 namespace kvserve {
 namespace {
 
-TEST(DType, HalfRoundTripsEveryValue) {
+using DTypeTiers = testing::SimdTier;
+
+TEST_P(DTypeTiers, HalfRoundTripsEveryValue) {
   testing::ReportSimdPath("fp16 conversion", HaveF16cConversions(), "F16C/AVX2", "scalar");
   std::vector<uint16_t> all(65536), back(65536);
   std::vector<float> f(65536), fs(65536);
@@ -29,7 +31,7 @@ TEST(DType, HalfRoundTripsEveryValue) {
   }
 }
 
-TEST(DType, FloatToHalfMatchesScalarReference) {
+TEST_P(DTypeTiers, FloatToHalfMatchesScalarReference) {
   // Without F16C the comparison is trivial, but the known values below still check the reference.
   testing::ReportSimdPath("fp16 conversion", HaveF16cConversions(), "F16C/AVX2", "scalar");
   std::mt19937 rng(7);
@@ -74,7 +76,7 @@ TEST(DType, BFloat16RoundsToNearestEven) {
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(back[i], src[i], std::fabs(src[i]) / 128);
 }
 
-TEST(DType, StreamingConversionEqualsPlain) {
+TEST_P(DTypeTiers, StreamingConversionEqualsPlain) {
   std::vector<float> src(1003);
   for (size_t i = 0; i < src.size(); ++i) src[i] = std::sin(float(i)) * 100;
   ByteBuffer a(src.size() * 2 + 64), b(src.size() * 2 + 64);
@@ -93,6 +95,8 @@ TEST(DType, ParseNames) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'f8'"), std::string::npos);
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiers, DTypeTiers, testing::AllTiers(), testing::TierParamName);
 
 }  // namespace
 }  // namespace kvserve

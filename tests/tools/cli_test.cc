@@ -96,6 +96,16 @@ TEST_F(CliTest, ErrorsAreOneLineAndLeaveNoOutput) {
   EXPECT_NE(shape.out.find("unknown shape preset 'gpt9'"), std::string::npos);
 }
 
+// KVSERVE_SIMD caps the kernels' tier (the frames do not change); a bad name is one clear error.
+TEST_F(CliTest, SimdCapFromTheEnvironment) {
+  CliRun r = Cli("info", "KVSERVE_SIMD=baseline");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("simd: baseline kernels"), std::string::npos) << r.out;
+  r = Cli("info", "KVSERVE_SIMD=sse9");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("KVSERVE_SIMD: simd tier 'sse9' unknown (baseline, avx2, avx512)"), std::string::npos) << r.out;
+}
+
 TEST_F(CliTest, BenchJsonHasTheDocumentedKeys) {
   CliRun r = Cli("codec bench --tokens 16 --runs 1 -s 'quant(kbits=2,vbits=2)' --json");
   ASSERT_EQ(r.code, 0) << r.out;

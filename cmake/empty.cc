@@ -1,0 +1,1 @@
+// The shared library's own translation unit: its code is the module archives linked whole.

@@ -1,0 +1,150 @@
+"""Codec through the Python module: frames equal the C++ CLI's byte for byte, arrays come back
+without copies where promised, and errors carry the library's messages."""
+
+import os
+
+import numpy as np
+import pytest
+
+import kvserve
+from conftest import kv_array, run_cli
+
+SPECS = ["none", "quant(kbits=4,vbits=4)", "quant(kbits=2,vbits=2,group=32,residual=8)|zstd(level=3)",
+         "mixhq|rans", "cast(dtype=bf16)"]
+
+
+def test_strategy_text_round_trips():
+    c = kvserve.canonical_strategy("quant(kbits=2)|rans")
+    assert c.startswith("quant(kbits=2,vbits=")
+    assert kvserve.canonical_strategy(c) == c
+    stages = kvserve.parse_strategy(c)
+    assert [s[0] for s in stages] == ["quant", "rans"]
+    assert stages[0][1]["kbits"] == "2"
+    names = {s["name"] for s in kvserve.stages()}
+    assert {"quant", "prune", "rans", "zstd", "mixhq"} <= names
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_frames_equal_the_cli_byte_for_byte(tmp_path, cli, spec):
+    raw = tmp_path / "x.kvf"
+    run_cli("kv", "synth", "--shape", "stories260k", "--tokens", "96", "-o", str(raw))
+    kv = kvserve.decode(raw.read_bytes())
+    assert kv.shape == (5, 2, 4, 96, 8) and kv.dtype == np.float16
+    cli_frame = tmp_path / "y.kvf"
+    run_cli("codec", "encode", "-s", spec, "-i", str(raw), "-o", str(cli_frame))
+    py_frame = kvserve.encode(kv, spec)
+    assert py_frame == cli_frame.read_bytes()
+    # And the CLI decodes the module's frame to what the module decodes.
+    (tmp_path / "p.kvf").write_bytes(py_frame)
+    run_cli("codec", "decode", "-i", str(tmp_path / "p.kvf"), "-o", str(tmp_path / "z.kvf"))
+    from_cli = kvserve.decode((tmp_path / "z.kvf").read_bytes())
+    from_py = kvserve.decode(py_frame)
+    np.testing.assert_array_equal(from_cli.view(np.uint16), from_py.view(np.uint16))
+
+
+def test_decode_hands_over_the_block_without_a_copy():
+    kv = kv_array()
+    out = kvserve.decode(kvserve.encode(kv, "quant(kbits=8,vbits=8)"))
+    assert not out.flags.owndata and out.base is not None  # the decoded block's own memory
+    assert type(out.base).__name__ == "PyCapsule"
+    assert out.flags.c_contiguous and out.shape == kv.shape
+    assert np.abs(out.astype(np.float32) - kv.astype(np.float32)).max() < 0.05
+
+
+def test_decode_into_a_cache_writes_it_in_place():
+    kv = kv_array(n_token=40)
+    frame = kvserve.encode(kv, "quant(kbits=4,vbits=4)")
+    expected = kvserve.decode(frame)
+    out = np.zeros_like(kv)
+    assert kvserve.decode(frame, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    # A token slice of a larger cache (room for more tokens): the slice is filled, the rest kept.
+    cache = np.full((4, 2, 2, 100, 16), 7, dtype=np.float16)
+    got = kvserve.decode(frame, out=cache[:, :, :, :40])
+    assert np.shares_memory(got, cache)
+    np.testing.assert_array_equal(cache[:, :, :, :40], expected)
+    assert (cache[:, :, :, 40:] == 7).all()
+    # fp32 cache: decoded in its dtype.
+    out32 = np.zeros(kv.shape, dtype=np.float32)
+    kvserve.decode(frame, out=out32)
+    np.testing.assert_allclose(out32, expected.astype(np.float32), rtol=2e-3, atol=1e-3)  # fp16 rounding
+
+
+def test_encode_reads_strided_and_copied_layouts_alike():
+    cache = kv_array(n_token=128)
+    view = cache[:, :, :, 16:80]  # token slice: encoded in place
+    assert not view.flags.c_contiguous
+    assert kvserve.encode(view, "quant(kbits=4,vbits=4)") == kvserve.encode(np.ascontiguousarray(view), "quant(kbits=4,vbits=4)")
+    odd = np.asfortranarray(cache)  # no KV layout: copied first, same frame
+    assert kvserve.encode(odd, "none") == kvserve.encode(cache, "none")
+
+
+def test_bf16_and_fp32_arrays():
+    kv = kv_array(dtype=np.float32)
+    f = kvserve.encode(kv, "none")
+    assert kvserve.frame_info(f)["dtype"] == "f32"
+    np.testing.assert_array_equal(kvserve.decode(f), kv)
+    bf = (kv.view(np.uint32) >> 16).astype(np.uint16)
+    fb = kvserve.encode(bf, "none", dtype="bf16")
+    assert kvserve.frame_info(fb)["dtype"] == "bf16"
+    np.testing.assert_array_equal(kvserve.decode(fb), bf)
+
+
+def test_layer_frames_assemble_into_the_cache():
+    kv = kv_array(n_layer=5)
+    spec = "quant(kbits=3,vbits=3)|rans"
+    frames = [kvserve.encode_layer(kv[l], spec, l, 5, request_id=42) for l in range(5)]
+    # The one-layer form equals slicing the whole block.
+    assert frames[2] == kvserve.encode(kv, spec, layers=(2, 1), request_id=42)
+    info = kvserve.frame_info(frames[3])
+    assert (info["request_id"], info["layer_begin"], info["n_layer_total"]) == (42, 3, 5)
+    dest = np.zeros_like(kv)
+    asm = kvserve.LayerAssembler(42, dest)
+    for f in reversed(frames):
+        asm.add(f)
+    assert asm.complete and asm.layers_done == 5
+    np.testing.assert_array_equal(dest, kvserve.decode(kvserve.encode(kv, spec)))
+    with pytest.raises(kvserve.InvalidArgument, match="request"):
+        kvserve.LayerAssembler(7, np.zeros_like(kv)).add(frames[0])
+
+
+def test_errors_carry_the_library_message():
+    kv = kv_array()
+    with pytest.raises(kvserve.InvalidArgument, match=r"kbits=9 out of range \(expected 1..8\)") as e:
+        kvserve.encode(kv, "quant(kbits=9)")
+    assert isinstance(e.value, ValueError) and isinstance(e.value, kvserve.Error)
+    with pytest.raises(kvserve.InvalidArgument, match="unknown stage|stage 'zip'"):
+        kvserve.canonical_strategy("zip")
+    frame = kvserve.encode(kv, "quant(kbits=4,vbits=4)")
+    with pytest.raises(kvserve.CorruptData, match="truncated frame"):
+        kvserve.decode(frame[:-5])
+    bad = bytearray(frame)
+    bad[len(bad) // 2] ^= 0x40
+    with pytest.raises(kvserve.CorruptData, match="checksum"):
+        kvserve.decode(bytes(bad))
+    with pytest.raises(kvserve.InvalidArgument, match="5 dimensions|dimensions; expected"):
+        kvserve.encode(kv[0], "none")
+    with pytest.raises(kvserve.InvalidArgument, match="is not float16 or float32"):
+        kvserve.encode(kv.astype(np.int32), "none")
+    with pytest.raises(kvserve.InvalidArgument, match="decodes to 4x2x64x16, the destination view is 4x2x10x16"):
+        kvserve.decode(frame, out=np.zeros((4, 2, 2, 10, 16), dtype=np.float16))
+    ro = np.zeros_like(kv)
+    ro.setflags(write=False)
+    with pytest.raises(kvserve.InvalidArgument, match="read-only"):
+        kvserve.decode(frame, out=ro)
+
+
+def test_simd_tiers_give_the_same_frames():
+    kv = kv_array(n_token=256, head_dim=128)
+    best = kvserve.simd_tier()
+    frames = {}
+    try:
+        for tier in ("baseline", "avx2", "avx512"):
+            got = kvserve.set_simd_cap(tier)
+            frames[got] = kvserve.encode(kv, "quant(kbits=4,vbits=4)|rans")
+    finally:
+        kvserve.set_simd_cap(best)
+    assert kvserve.simd_tier() == best
+    assert len(set(frames.values())) == 1, f"tiers {list(frames)} disagree"
+    with pytest.raises(kvserve.InvalidArgument, match="'sse9' unknown"):
+        kvserve.set_simd_cap("sse9")
