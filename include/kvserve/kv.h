@@ -147,8 +147,8 @@ Result<std::vector<KvBlock>> SplitIntoChunks(const KvBlock& block, uint32_t chun
 // Joins chunks in token order back into one block; shapes must agree except n_token.
 Result<KvBlock> JoinChunks(const std::vector<KvBlock>& chunks);
 
-// Element-wise conversions between storage dtypes and float. Vectorised (F16C / AVX-512)
-// where the build allows, with scalar references below that tests compare against.
+// Element-wise conversions between storage dtypes and float. Vectorised (F16C) on CPUs that
+// have it, with scalar references below that tests compare against.
 void ConvertToF32(DType src_dtype, const void* src, float* dst, size_t n);
 void ConvertFromF32(DType dst_dtype, const float* src, void* dst, size_t n);
 // As ConvertFromF32, with non-temporal stores where possible: for output that is written once
@@ -158,7 +158,8 @@ float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);       // round to nearest even, overflow to inf, NaN kept
 float BFloat16ToFloat(uint16_t b);
 uint16_t FloatToBFloat16(float f);   // round to nearest even, NaN kept quiet
-// Whether ConvertToF32/ConvertFromF32 use F16C/AVX2 in this build (else the scalar loops).
+// Whether ConvertToF32/ConvertFromF32 run their F16C/AVX2 loops now: the CPU has them and the
+// SIMD tier (kvserve/cpu.h) is not capped below avx2; else the scalar loops.
 bool HaveF16cConversions();
 namespace scalar {
 void HalfToFloat(const uint16_t* src, float* dst, size_t n);
