@@ -23,14 +23,13 @@ Tier Active();
 // CLI, the Python module and the test binary apply the variable KVSERVE_SIMD (a tier name) with
 // it at start-up; tests also use it to run every path.
 Tier SetCap(Tier cap);
-// Whether the active tier reaches `tier`: the kernels' branch.
-inline bool Use(Tier tier);
 
 namespace internal {
 extern std::atomic<int> active_tier;  // -1 until first use
 int Resolve();
 }  // namespace internal
 
+// Whether the active tier reaches `tier`: the kernels' branch.
 inline bool Use(Tier tier) {
   int t = internal::active_tier.load(std::memory_order_relaxed);
   if (t < 0) t = internal::Resolve();

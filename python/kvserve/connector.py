@@ -261,7 +261,7 @@ class KVConnector:
                 except BaseException as e:  # noqa: BLE001 - re-raised below, first one wins
                     error = error or e
             with self._lock:
-                if request_id in self._finished_sending or len(s.layers) == self.n_layer:
+                if len(s.layers) == self.n_layer:
                     self._saves.pop(request_id, None)
         if error is not None:
             raise error

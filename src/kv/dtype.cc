@@ -105,28 +105,20 @@ size_t HalfToFloatF16c(const uint16_t* src, float* dst, size_t n) {
   return i;
 }
 
+// kStream: non-temporal stores (dst 16-byte aligned), ending with a fence that orders them
+// before anything this thread publishes next.
+template <bool kStream>
 size_t FloatToHalfF16c(const float* src, uint16_t* dst, size_t n) {
+  auto store = [&](uint16_t* p, __m128i h) {
+    if constexpr (kStream) _mm_stream_si128(reinterpret_cast<__m128i*>(p), h);
+    else _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+  };
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-    __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 8), b);
+    store(dst + i, _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    store(dst + i + 8, _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT));
   }
-  return i;
-}
-
-// dst 16-byte aligned; ends with a fence that orders the streaming stores before anything this
-// thread publishes next.
-size_t FloatToHalfF16cStreaming(const float* src, uint16_t* d, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-    __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 8), b);
-  }
-  _mm_sfence();
+  if constexpr (kStream) _mm_sfence();
   return i;
 }
 KVSERVE_END_TIER
@@ -143,7 +135,7 @@ void HalfToFloatFast(const uint16_t* src, float* dst, size_t n) {
 void FloatToHalfFast(const float* src, uint16_t* dst, size_t n) {
   size_t i = 0;
 #ifdef KVSERVE_HAVE_F16C
-  if (cpu::Use(cpu::Tier::kAvx2)) i = FloatToHalfF16c(src, dst, n);
+  if (cpu::Use(cpu::Tier::kAvx2)) i = FloatToHalfF16c<false>(src, dst, n);
 #endif
   scalar::FloatToHalf(src + i, dst + i, n - i);
 }
@@ -178,7 +170,7 @@ void ConvertFromF32Streaming(DType dst_dtype, const float* src, void* dst, size_
 #ifdef KVSERVE_HAVE_F16C
   if (dst_dtype == DType::kF16 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0 && cpu::Use(cpu::Tier::kAvx2)) {
     uint16_t* d = static_cast<uint16_t*>(dst);
-    const size_t i = FloatToHalfF16cStreaming(src, d, n);
+    const size_t i = FloatToHalfF16c<true>(src, d, n);
     scalar::FloatToHalf(src + i, d + i, n - i);
     return;
   }
