@@ -20,6 +20,7 @@ const std::vector<std::string> kDefaultBenchStrategies = {
     "quant(kbits=8,vbits=8)", "quant(kbits=8,vbits=8)|zstd(level=3)",
     "quant(kbits=4,vbits=4)", "quant(kbits=4,vbits=4)|zstd(level=3)",
     "quant(kbits=2,vbits=2)", "quant(kbits=2,vbits=2)|zstd(level=3)",
+    "prune(keep=0.5)|quant(kbits=4,vbits=4)|rans",
 };
 
 Status Info() {
@@ -155,6 +156,7 @@ void AddCodecCommands(CLI::App& app) {
     auto threads = std::make_shared<std::vector<int>>(std::vector<int>{1});
     auto runs = std::make_shared<int>(7);
     auto as_json = std::make_shared<bool>(false);
+    auto per_layer = std::make_shared<bool>(true);
     auto entropy_payload = std::make_shared<std::string>("quant(kbits=4,vbits=4)");
     c->add_option("-s,--strategy", *specs, "strategy to measure (repeatable); default: 8/4/2-bit quant, +/- zstd");
     c->add_option("--entropy-payload", *entropy_payload,
@@ -165,6 +167,9 @@ void AddCodecCommands(CLI::App& app) {
         ->delimiter(',')->capture_default_str()->check(InRange(1, 256));
     c->add_option("--runs", *runs, "runs per measurement (median)")->capture_default_str()->check(InRange(1, 1000));
     c->add_flag("--json", *as_json, "machine-readable output");
+    c->add_flag("--per-layer,!--no-per-layer", *per_layer,
+                "also measure the serving path: one frame per layer, decoded through a LayerAssembler")
+        ->capture_default_str();
     SetAction(c, [=]() -> Status {
       const std::vector<std::string>& list = specs->empty() ? kDefaultBenchStrategies : *specs;
       for (const auto& s : list) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
@@ -192,6 +197,7 @@ void AddCodecCommands(CLI::App& app) {
         bo.threads = t;
         bo.pool = Pool(t);
         bo.env = Codec();
+        bo.per_layer = *per_layer;
         const std::string at = " (" + std::to_string(t) + " thread" + (t == 1 ? ")" : "s)");
         BenchOptions zo = bo;
         zo.runs = std::min(3, *runs);
@@ -202,6 +208,7 @@ void AddCodecCommands(CLI::App& app) {
           pt.rows.push_back(m);
           progress.Update(++done, m.spec + at);
         }
+        bo.per_layer = false;  // the entropy pair compares coders on one payload
         KV_ASSIGN_OR_RETURN(pt.ez, MeasureCodec(block, *entropy_payload + "|zstd(level=3)", bo));
         progress.Update(++done, "entropy: zstd" + at);
         KV_ASSIGN_OR_RETURN(pt.er, MeasureCodec(block, *entropy_payload + "|rans", bo));
@@ -215,14 +222,23 @@ void AddCodecCommands(CLI::App& app) {
         return json{{"level", 3}, {"encode_gbps", z.encode_gbps}, {"decode_gbps", z.decode_gbps}, {"ratio", z.ratio}};
       };
       auto strategy_json = [&](const CodecMeasurement& m) {
-        return json{{"spec", m.spec},
-                    {"encode_gbps", m.encode_gbps},
-                    {"decode_gbps", m.decode_gbps},
-                    {"ratio", m.ratio},
-                    {"snr_db_k", m.snr_db_k},
-                    {"snr_db_v", m.snr_db_v},
-                    {"encode_vs_memcpy", m.encode_gbps / memcpy_gbps},
-                    {"decode_vs_memcpy", m.decode_gbps / memcpy_gbps}};
+        json j = {{"spec", m.spec},
+                  {"encode_gbps", m.encode_gbps},
+                  {"decode_gbps", m.decode_gbps},
+                  {"ratio", m.ratio},
+                  {"snr_db_k", m.snr_db_k},
+                  {"snr_db_v", m.snr_db_v},
+                  {"encode_vs_memcpy", m.encode_gbps / memcpy_gbps},
+                  {"decode_vs_memcpy", m.decode_gbps / memcpy_gbps}};
+        if (m.layer_frame_bytes > 0) {
+          j["per_layer"] = {{"encode_gbps", m.layer_encode_gbps},
+                            {"decode_gbps", m.layer_decode_gbps},
+                            {"ratio", double(block.bytes()) / double(m.layer_frame_bytes)},
+                            {"frame_bytes", m.layer_frame_bytes},
+                            {"encode_vs_block", m.layer_encode_gbps / m.encode_gbps},
+                            {"decode_vs_block", m.layer_decode_gbps / m.decode_gbps}};
+        }
+        return j;
       };
       auto entropy_json = [&](const Point& p) {
         return json{{"payload", payload_spec},
@@ -277,6 +293,20 @@ void AddCodecCommands(CLI::App& app) {
           std::printf("%-44s %8.2f %8.2f %7.2f %7.2f %6.2fx %7.1f %7.1f\n", m.spec.c_str(), m.encode_gbps,
                       m.decode_gbps, m.encode_gbps / memcpy_gbps, m.decode_gbps / memcpy_gbps, m.ratio, m.snr_db_k,
                       m.snr_db_v);
+        }
+        if (*per_layer) {
+          std::printf("\nper-layer frames (the serving path: a frame per layer, decoded through a LayerAssembler):\n");
+          std::printf("%-44s %8s %8s %9s %9s %7s\n", "strategy", "enc GB/s", "dec GB/s", "enc/block", "dec/block",
+                      "ratio");
+          for (const auto& m : p.rows) {
+            if (m.layer_frame_bytes == 0) {
+              std::printf("%-44s (one frame per request on the serving path)\n", m.spec.c_str());
+              continue;
+            }
+            std::printf("%-44s %8.2f %8.2f %8.2fx %8.2fx %6.2fx\n", m.spec.c_str(), m.layer_encode_gbps,
+                        m.layer_decode_gbps, m.layer_encode_gbps / m.encode_gbps, m.layer_decode_gbps / m.decode_gbps,
+                        double(block.bytes()) / double(m.layer_frame_bytes));
+          }
         }
         std::printf("\nentropy coding of the same payload, %s:\n", payload_spec.c_str());
         std::printf("  zstd(level=3) %10llu bytes  enc %6.2f GB/s  dec %6.2f GB/s\n",

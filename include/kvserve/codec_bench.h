@@ -16,6 +16,10 @@ struct CodecMeasurement {
   double ratio = 0;            // input bytes (fp16 if the input is fp16) / frame bytes
   uint64_t frame_bytes = 0;
   double snr_db_k = 0, snr_db_v = 0;  // over the kept tokens, for strategies that select tokens
+  // The serving path (BenchOptions::per_layer): one frame per layer as the prefill node encodes
+  // them, decoded through a LayerAssembler as the decode node does; 0 where not measured.
+  double layer_encode_gbps = 0, layer_decode_gbps = 0;
+  uint64_t layer_frame_bytes = 0;  // all layers' frames together
 };
 
 struct BenchOptions {
@@ -23,6 +27,10 @@ struct BenchOptions {
   int threads = 1;              // codec workers (zstd: its own worker threads)
   ThreadPool* pool = nullptr;   // runs them; null: a pool of `threads` for the measurement
   CodecEnv env;
+  // Also measure per-layer frames (strategies with a whole-request basis, lowrank, go as one
+  // frame on the serving path and are not measured so). Token-selecting strategies get
+  // per-token scores, as the nodes pass them: a fixed pseudo-random vector.
+  bool per_layer = false;
 };
 
 // The reference KV block of the speed goals: llama3-8b shape, fp16, synthetic, seed 1.

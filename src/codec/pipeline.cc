@@ -276,7 +276,11 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
     in.bytes = v.payload;
   }
   std::vector<CodeSection> sections;
-  for (size_t k = stages.size(); k-- > 0;) {
+  // A token-selecting first stage decodes as the identity (the kept tokens pass through): the
+  // stage after it writes straight into the destination instead of through a copy.
+  const bool skip_first = stages.size() > 1 && infos[0]->selects_tokens && infos[1]->input == DataKind::kTensor &&
+                          shapes[0] == shapes[1];
+  for (size_t k = stages.size(); k-- > (skip_first ? 1 : 0);) {
     if (infos[k]->input == DataKind::kSymbols) {
       sections = stages[k - 1]->CodeSections(shapes[k - 1]);
       ctx.sections = &sections;
@@ -284,8 +288,9 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
     StageOutput o;
     if (infos[k]->input == DataKind::kTensor) {
       // A selecting stage does not restore dropped tokens: every tensor level decodes to the kept ones.
-      o.tensor = k == 0 ? out : &tensors[k % 2];
-      KV_RETURN_IF_ERROR(o.tensor->Reset(shapes[k], k == 0 ? out_dtype : DType::kF32));
+      const bool into_out = k == 0 || (skip_first && k == 1);
+      o.tensor = into_out ? out : &tensors[k % 2];
+      KV_RETURN_IF_ERROR(o.tensor->Reset(shapes[k], into_out ? out_dtype : DType::kF32));
     } else {
       o.bytes = &bufs[k % 2];
       o.bytes->clear();

@@ -9,12 +9,26 @@
 // needs, at the price of ragged blocks; not done.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "codec/stage.h"
 
 namespace kvserve {
 namespace {
+
+constexpr uint32_t kScoreTokens = 64;  // tokens per scoring task
+
+// Sum of squares in double, eight running sums (one vector) added pairwise: a fixed order, so
+// the same on every thread and tier.
+double SquaredNorm(const float* x, uint32_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint32_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += double(x[d + k]) * x[d + k];
+  for (; d < n; ++d) acc[d % 8] += double(x[d]) * x[d];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
 
 class PruneStage final : public Stage {
  public:
@@ -41,18 +55,23 @@ class PruneStage final : public Stage {
       }
       for (uint32_t i = 0; i < n; ++i) score[i] = (*ctx.token_scores)[i];
     } else {
-      // Negative squared key norm, summed over layers and heads: small keys rank first.
-      std::vector<float> row(sh.head_dim);
-      for (uint32_t l = 0; l < sh.n_layer; ++l)
-        for (uint32_t h = 0; h < sh.n_head_kv; ++h) {
-          const uint8_t* slab = t.slab(l, KvPart::kKey, h);
-          for (uint32_t i = 0; i < n; ++i) {
-            ConvertToF32(t.dtype(), slab + size_t(i) * sh.head_dim * DTypeSize(t.dtype()), row.data(), sh.head_dim);
-            double sq = 0;
-            for (float x : row) sq += double(x) * x;
-            score[i] -= sq;
+      // Negative squared key norm, summed over layers and heads: small keys rank first. Tasks
+      // take token ranges and sum each token's slabs in the same order, so the scores do not
+      // depend on the threads.
+      const size_t row_bytes = size_t(sh.head_dim) * DTypeSize(t.dtype());
+      ParallelFor(ctx.pool, (n + kScoreTokens - 1) / kScoreTokens, [&](uint64_t part) {
+        thread_local std::vector<float> row;
+        row.resize(sh.head_dim);
+        const uint32_t begin = uint32_t(part * kScoreTokens), end = std::min<uint32_t>(n, begin + kScoreTokens);
+        for (uint32_t l = 0; l < sh.n_layer; ++l)
+          for (uint32_t h = 0; h < sh.n_head_kv; ++h) {
+            const uint8_t* slab = t.slab(l, KvPart::kKey, h);
+            for (uint32_t i = begin; i < end; ++i) {
+              ConvertToF32(t.dtype(), slab + i * row_bytes, row.data(), sh.head_dim);
+              score[i] -= SquaredNorm(row.data(), sh.head_dim);
+            }
           }
-        }
+      });
     }
     std::vector<uint32_t> middle(mid);
     std::iota(middle.begin(), middle.end(), s);
@@ -64,17 +83,18 @@ class PruneStage final : public Stage {
     std::sort(keep_idx.begin(), keep_idx.end());
     KvShape os = sh;
     os.n_token = uint32_t(keep_idx.size());
-    KV_RETURN_IF_ERROR(out.tensor->Reset(os, DType::kF32));
+    // The kept rows keep their dtype: selection changes no value, and converting to f32 here
+    // would double what the next stage reads.
+    KV_RETURN_IF_ERROR(out.tensor->Reset(os, t.dtype()));
     out.tensor->set_token_offset(t.token_offset());
     std::vector<uint32_t> pos;
     for (uint32_t i : keep_idx) pos.push_back(t.position(i));
-    const size_t D = sh.head_dim, es = DTypeSize(t.dtype());
-    for (uint64_t sl = 0; sl < sh.n_slab(); ++sl) {
-      float* dst = reinterpret_cast<float*>(out.tensor->slab_at(sl));
-      for (size_t j = 0; j < keep_idx.size(); ++j) {
-        ConvertToF32(t.dtype(), t.slab_at(sl) + keep_idx[j] * D * es, dst + j * D, D);
-      }
-    }
+    const size_t row = size_t(sh.head_dim) * DTypeSize(t.dtype());
+    ParallelFor(ctx.pool, sh.n_slab(), [&](uint64_t sl) {
+      const uint8_t* src = t.slab_at(sl);
+      uint8_t* dst = out.tensor->slab_at(sl);
+      for (size_t j = 0; j < keep_idx.size(); ++j) std::memcpy(dst + j * row, src + keep_idx[j] * row, row);
+    });
     out.tensor->set_positions(std::move(pos));
     return Status::Ok();
   }
@@ -84,11 +104,16 @@ class PruneStage final : public Stage {
     const KvBlock& t = *in.tensor;
     if (!(t.shape() == out.tensor->shape())) return Status::Corrupt("prune input does not match the frame's kept tokens");
     const size_t n = t.shape().slab_numel();
-    std::vector<float> buf(n);
-    for (uint64_t sl = 0; sl < t.shape().n_slab(); ++sl) {
+    ParallelFor(ctx.pool, t.shape().n_slab(), [&](uint64_t sl) {
+      if (t.dtype() == out.tensor->dtype()) {
+        std::memcpy(out.tensor->slab_at(sl), t.slab_at(sl), n * DTypeSize(t.dtype()));
+        return;
+      }
+      thread_local std::vector<float> buf;
+      buf.resize(n);
       ConvertToF32(t.dtype(), t.slab_at(sl), buf.data(), n);
       ConvertFromF32(out.tensor->dtype(), buf.data(), out.tensor->slab_at(sl), n);
-    }
+    });
     return Status::Ok();
   }
 

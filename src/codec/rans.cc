@@ -11,19 +11,27 @@
 // the counts, tables' bytes included. Metadata of a context is coded only when that is smaller
 // than storing it (small blocks can lose).
 //
-// Coder: 32 interleaved rANS states, 12-bit probabilities, 16-bit renormalisation words in one
-// stream (the encoder runs backwards, so the decoder reads forwards); every run of symbols is
+// Coder: 32 interleaved rANS states, 12-bit probabilities, 16-bit renormalisation words (the
+// encoder runs backwards, so the decoder reads forwards); every run of symbols is
 // padded to a multiple of 32 with its tables' likeliest symbols so that a group of 32 never
 // straddles two tables' layouts. The loops over symbols (rans_kernels.h) use AVX-512 where built
 // with it. Every state must end where the encoder started it, which catches corruption the
 // frame checksum did not.
 //
-// Payload: u8 version 2 | u8 prob_bits | u8 lanes
+// Streams: the runs, in decoding order, are cut into streams with states of their own, so that
+// the contexts of a large frame are coded and decoded on several threads. A cut falls where a
+// code context begins, once the stream before it holds kStreamSymbols: a function of the layout
+// alone, so a frame is the same however many threads wrote it, and a frame of one layer (the
+// serving path) still has a stream for K and one for V.
+//
+// Payload: u8 version 3 | u8 prob_bits | u8 lanes
 //          | u32 n_code_contexts, u8 flags each (bit 0: predicted, bit 1: one table for all channels)
 //          | u32 n_half_contexts, u8 flags each (bit 0: entropy coded)
 //          | u32 n_tables, per table: u8 bits, frequencies as varints (a 0 is followed by the
 //            varint count of further zeros)
-//          | u64 raw_len, raw bytes | u64 n_symbols | 32 x u32 final state | u64 stream_len, stream
+//          | u64 raw_len, raw bytes | u64 n_symbols
+//          | u32 n_streams, per stream: u32 first run (not for the first stream, which starts at
+//            run 0), 32 x u32 final state, u64 stream_len | the streams, in order
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -42,7 +50,8 @@ using rans::kProbBits;
 using rans::kProbScale;
 using Kind = CodeSection::Kind;
 
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;
+constexpr uint64_t kStreamSymbols = uint64_t{1} << 18;  // before a stream may end
 constexpr int kHalfBits = 8;  // metadata symbols are bytes: the low and the high byte of an fp16
 
 enum class Choice { kAuto, kYes, kNo };  // a per-context option: decided from the counts, or fixed
@@ -174,10 +183,22 @@ void PutTable(ByteBuffer* out, const uint16_t* freq, uint32_t alphabet) {
     PutVarint(out, zeros);
   }
 }
+size_t VarintBytes(uint32_t v) {
+  size_t n = 1;
+  for (; v >= 0x80; v >>= 7) ++n;
+  return n;
+}
+// What PutTable writes, plus the table's bits byte; counted without writing.
 size_t TableBytes(const uint16_t* freq, uint32_t alphabet) {
-  ByteBuffer b;
-  PutTable(&b, freq, alphabet);
-  return b.size() + 1;
+  size_t bytes = 1;
+  for (uint32_t s = 0; s < alphabet;) {
+    bytes += VarintBytes(freq[s]);
+    if (freq[s++] != 0) continue;
+    uint32_t zeros = 0;
+    while (s < alphabet && freq[s] == 0) ++zeros, ++s;
+    bytes += VarintBytes(zeros);
+  }
+  return bytes;
 }
 
 template <typename T>
@@ -262,12 +283,12 @@ void HalfSymbols(const Context& c, const std::vector<CodeSection>& secs, const u
 
 constexpr uint8_t kPredicted = 1, kShared = 2;  // code context flags
 
-// Picks prediction and table sharing for one code context: the smallest estimated size, tables
-// included, among what the strategy allows (counts of a disallowed variant are all zero and
-// never chosen). Leaves the chosen counts in `counts`' table slots and returns the flags.
-uint8_t ChooseTables(const Layout& L, Context& c, std::vector<uint64_t>& counts, const std::vector<uint64_t>& counts_pred,
-                     Choice per_channel, Choice predict) {
-  const uint32_t A = 1u << c.bits, o0 = L.table_offset[c.first_table];
+// Picks prediction and table sharing for one code context from its counts (cnt, cnt_pred: its
+// n_channel tables of 2^bits each): the smallest estimated size, tables included, among what the
+// strategy allows (counts of a disallowed variant are all zero and never chosen). Leaves the
+// chosen counts in `cnt` and returns the flags.
+uint8_t ChooseTables(Context& c, uint64_t* cnt_plain, const uint64_t* cnt_pred, Choice per_channel, Choice predict) {
+  const uint32_t A = 1u << c.bits;
   std::vector<uint64_t> shared(A);
   std::vector<uint16_t> freq(A);
   auto table_bits = [&](const uint64_t* cnt) {
@@ -287,7 +308,7 @@ uint8_t ChooseTables(const Layout& L, Context& c, std::vector<uint64_t>& counts,
         (per_channel == Choice::kYes && share) || (per_channel == Choice::kNo && !share)) {
       continue;
     }
-    const uint64_t* cnt = (pred ? counts_pred : counts).data() + o0;
+    const uint64_t* cnt = pred ? cnt_pred : cnt_plain;
     double bits = 0;
     if (share) {
       sum_channels(cnt);
@@ -297,16 +318,47 @@ uint8_t ChooseTables(const Layout& L, Context& c, std::vector<uint64_t>& counts,
     }
     if (bits < best) best = bits, flags = f;
   }
-  const uint64_t* cnt = ((flags & kPredicted) ? counts_pred : counts).data() + o0;
+  const uint64_t* cnt = (flags & kPredicted) ? cnt_pred : cnt_plain;
   if (flags & kShared) {
     sum_channels(cnt);
-    std::fill_n(&counts[o0], size_t(c.n_channel) * A, 0);
-    std::copy(shared.begin(), shared.end(), &counts[o0]);
+    std::fill_n(cnt_plain, size_t(c.n_channel) * A, 0);
+    std::copy(shared.begin(), shared.end(), cnt_plain);
   } else if (flags & kPredicted) {
-    std::copy_n(cnt, size_t(c.n_channel) * A, &counts[o0]);
+    std::copy_n(cnt, size_t(c.n_channel) * A, cnt_plain);
   }
   c.per_channel = !(flags & kShared);
   return flags;
+}
+
+// The runs of a payload in decoding order: coded metadata contexts, then the code sections.
+struct RunRef {
+  bool half;
+  uint32_t index;  // context (metadata) or section (codes)
+  uint32_t n;      // symbols before padding
+};
+std::vector<RunRef> MakeRuns(const Layout& L, const std::vector<CodeSection>& secs, const uint8_t* coded) {
+  std::vector<RunRef> runs;
+  for (uint32_t k = 0; k < L.half.size(); ++k) {
+    if (coded[k]) runs.push_back({true, k, uint32_t(L.half[k].n_symbols)});
+  }
+  for (uint32_t i = 0; i < secs.size(); ++i) {
+    if (secs[i].kind == Kind::kCodes) runs.push_back({false, i, secs[i].n_codes});
+  }
+  return runs;
+}
+
+// First run of every stream: a new stream begins where a code context begins once the current
+// one holds kStreamSymbols.
+std::vector<uint32_t> CutStreams(const std::vector<RunRef>& runs, const Layout& L) {
+  std::vector<uint32_t> first = {0};
+  uint64_t held = 0;
+  for (uint32_t r = 0; r < runs.size(); ++r) {
+    const bool starts_context = !runs[r].half && (r == 0 || runs[r - 1].half ||
+                                                  L.context_of[runs[r - 1].index] != L.context_of[runs[r].index]);
+    if (starts_context && held >= kStreamSymbols) first.push_back(r), held = 0;
+    held += Padded(runs[r].n);
+  }
+  return first;
 }
 
 class RansStage final : public Stage {
@@ -321,30 +373,11 @@ class RansStage final : public Stage {
     for (const CodeSection& s : secs) {
       if (s.offset + SectionBytes(s) > in.bytes.size()) return Status::Internal("code section beyond the payload");
     }
-    // Pass 1: counts, with and without prediction, and the choices they lead to.
-    std::vector<uint64_t> counts(L.n_entries, 0), counts_pred(L.n_entries, 0);
-    std::vector<uint8_t> sym;
-    for (const Context& c : L.code) {
-      const uint32_t o0 = L.table_offset[c.first_table];
-      ContextCounter counter(c.n_channel, c.bits, predict_ != Choice::kYes ? &counts[o0] : nullptr,
-                             predict_ != Choice::kNo ? &counts_pred[o0] : nullptr);
-      for (uint32_t i : c.sections) {
-        CodeSymbols(secs[i], payload, false, sym);
-        counter.Add(sym.data(), secs[i].n_codes);
-      }
-    }
-    std::vector<uint8_t> flags(L.code.size()), coded(L.half.size());
-    for (size_t k = 0; k < L.code.size(); ++k) flags[k] = ChooseTables(L, L.code[k], counts, counts_pred, per_channel_, predict_);
-    for (const Context& c : L.half) {
-      HalfSymbols(c, secs, payload, sym);
-      uint64_t* lo = &counts[L.table_offset[c.first_table]];
-      uint64_t* hi = &counts[L.table_offset[c.first_table + 1]];
-      for (uint64_t j = 0; j + 1 < c.n_symbols; j += 2) ++lo[sym[j]], ++hi[sym[j + 1]];
-    }
+    std::vector<uint64_t> counts(L.n_entries, 0);
     std::vector<uint16_t> freq(L.n_entries, 0);
     std::vector<uint32_t> entries(L.n_entries), rcp(L.n_entries);
     std::vector<uint8_t> likeliest(L.table_bits.size());
-    for (uint32_t t = 0; t < L.table_bits.size(); ++t) {
+    auto build_table = [&](uint32_t t) {
       const uint32_t a = 1u << L.table_bits[t], o0 = L.table_offset[t];
       Normalize(&counts[o0], a, &freq[o0]);
       likeliest[t] = uint8_t(std::max_element(&freq[o0], &freq[o0] + a) - &freq[o0]);
@@ -352,52 +385,77 @@ class RansStage final : public Stage {
         entries[o0 + s] = start | uint32_t(freq[o0 + s]) << 16;
         rcp[o0 + s] = rans::EncodeReciprocal(freq[o0 + s]);
       }
-    }
+    };
+    // Pass 1, one code context per task: counts with and without prediction, the choice they
+    // lead to and its tables (contexts own disjoint table slots).
+    std::vector<uint8_t> flags(L.code.size()), coded(L.half.size());
+    ParallelFor(ctx.pool, L.code.size(), [&](uint64_t k) {
+      Context& c = L.code[k];
+      const uint32_t o0 = L.table_offset[c.first_table];
+      thread_local std::vector<uint64_t> pred;
+      thread_local std::vector<uint8_t> sym;
+      pred.assign(size_t(c.n_channel) << c.bits, 0);
+      {
+        ContextCounter counter(c.n_channel, c.bits, predict_ != Choice::kYes ? &counts[o0] : nullptr,
+                               predict_ != Choice::kNo ? pred.data() : nullptr);
+        for (uint32_t i : c.sections) {
+          CodeSymbols(secs[i], payload, false, sym);
+          counter.Add(sym.data(), secs[i].n_codes);
+        }
+      }
+      flags[k] = ChooseTables(c, &counts[o0], pred.data(), per_channel_, predict_);
+      for (uint32_t t = c.first_table; t < c.first_table + c.n_tables(); ++t) build_table(t);
+    });
+    std::vector<uint8_t> sym;
     for (size_t k = 0; k < L.half.size(); ++k) {
       // Metadata is entropy coded only where that beats storing it, tables included.
       const Context& c = L.half[k];
+      HalfSymbols(c, secs, payload, sym);
+      uint64_t* lo = &counts[L.table_offset[c.first_table]];
+      uint64_t* hi = &counts[L.table_offset[c.first_table + 1]];
+      for (uint64_t j = 0; j + 1 < c.n_symbols; j += 2) ++lo[sym[j]], ++hi[sym[j + 1]];
       double bytes = 0;
       for (uint32_t t = c.first_table; t < c.first_table + 2; ++t) {
+        build_table(t);
         bytes += CostBits(&counts[L.table_offset[t]], 256) / 8 + double(TableBytes(&freq[L.table_offset[t]], 256));
       }
       coded[k] = bytes < double(c.n_symbols);
     }
-    // Runs in decoding order: coded metadata contexts, then the code sections.
-    struct RunRef {
-      bool half;
-      uint32_t index;  // context (metadata) or section (codes)
-    };
-    std::vector<RunRef> runs;
-    uint64_t n_symbols = 0;
-    for (uint32_t k = 0; k < L.half.size(); ++k) {
-      if (coded[k]) runs.push_back({true, k}), n_symbols += Padded(L.half[k].n_symbols);
+    const std::vector<RunRef> runs = MakeRuns(L, secs, coded.data());
+    const std::vector<uint32_t> first = CutStreams(runs, L);
+    const size_t n_streams = first.size();
+    // Pass 2, one stream per task: its runs backwards into its own region of one buffer, growing
+    // downwards (at most one word per symbol).
+    std::vector<uint64_t> region_end(n_streams);
+    uint64_t n_symbols = 0, room = 0;
+    for (size_t s = 0; s < n_streams; ++s) {
+      const uint32_t end = s + 1 < n_streams ? first[s + 1] : uint32_t(runs.size());
+      for (uint32_t r = first[s]; r < end; ++r) n_symbols += Padded(runs[r].n), room += 2 * Padded(runs[r].n);
+      region_end[s] = room += 64;
     }
-    for (uint32_t i = 0; i < secs.size(); ++i) {
-      if (secs[i].kind == Kind::kCodes) runs.push_back({false, i}), n_symbols += Padded(secs[i].n_codes);
-    }
-    // Pass 2: encode backwards into a stream that grows downwards.
-    thread_local ByteBuffer stream;  // reused: a fresh buffer per call costs its page faults
-    stream.resize(n_symbols * 2 + 64);  // at most one word per symbol
-    rans::EncoderState est;
-    std::fill(est.x, est.x + kLanes, kLow);
-    est.ptr = stream.data() + stream.size();
-    for (size_t r = runs.size(); r-- > 0;) {
-      const Context& c = runs[r].half ? L.half[runs[r].index] : L.code[L.context_of[runs[r].index]];
-      uint64_t n;
-      if (runs[r].half) {
-        HalfSymbols(c, secs, payload, sym);
-        n = c.n_symbols;
-      } else {
-        CodeSymbols(secs[runs[r].index], payload, flags[L.context_of[runs[r].index]] & kPredicted, sym);
-        n = secs[runs[r].index].n_codes;
+    thread_local ByteBuffer stream_buffer;  // reused: a fresh buffer per call costs its page faults
+    ByteBuffer& buffer = stream_buffer;     // this thread's, also where the pool's threads write
+    buffer.resize(room);
+    std::vector<rans::EncoderState> est(n_streams);
+    ParallelFor(ctx.pool, n_streams, [&](uint64_t s) {
+      thread_local std::vector<uint8_t> sym;
+      rans::EncoderState& e = est[s];
+      std::fill(e.x, e.x + kLanes, kLow);
+      e.ptr = buffer.data() + region_end[s];
+      const uint32_t end = s + 1 < n_streams ? first[s + 1] : uint32_t(runs.size());
+      for (uint32_t r = end; r-- > first[s];) {
+        const RunRef& run = runs[r];
+        const Context& c = run.half ? L.half[run.index] : L.code[L.context_of[run.index]];
+        if (run.half) HalfSymbols(c, secs, payload, sym);
+        else CodeSymbols(secs[run.index], payload, flags[L.context_of[run.index]] & kPredicted, sym);
+        for (size_t j = run.n; j < sym.size(); ++j) sym[j] = likeliest[c.first_table + (c.per_channel ? j % c.n_channel : 0)];
+        // A context's tables are contiguous, 2^bits entries apart (stride 0: one shared table).
+        const uint32_t o0 = L.table_offset[c.first_table];
+        const rans::Run rr{&entries[o0], c.per_channel ? 1u << c.bits : 0, c.n_channel, c.bits};
+        rans::EncodeRun(e, rr, &rcp[o0], uint32_t(sym.size()), sym.data());
       }
-      for (size_t j = n; j < sym.size(); ++j) sym[j] = likeliest[c.first_table + (c.per_channel ? j % c.n_channel : 0)];
-      // A context's tables are contiguous, 2^bits entries apart (stride 0: one shared table).
-      const uint32_t o0 = L.table_offset[c.first_table];
-      const rans::Run run{&entries[o0], c.per_channel ? 1u << c.bits : 0, c.n_channel, c.bits};
-      rans::EncodeRun(est, run, &rcp[o0], uint32_t(sym.size()), sym.data());
-    }
-    // Header, flags, tables, raw bytes, states, stream.
+    });
+    // Header, flags, tables, raw bytes, streams.
     ByteBuffer* o = out.bytes;
     Put<uint8_t>(o, kVersion);
     Put<uint8_t>(o, kProbBits);
@@ -434,10 +492,13 @@ class RansStage final : public Stage {
     const uint64_t raw_len = o->size() - raw_at - 8;
     std::memcpy(o->data() + raw_at, &raw_len, 8);
     Put<uint64_t>(o, n_symbols);
-    for (int k = 0; k < kLanes; ++k) Put<uint32_t>(o, est.x[k]);
-    const uint64_t stream_len = uint64_t(stream.data() + stream.size() - est.ptr);
-    Put<uint64_t>(o, stream_len);
-    o->insert(o->end(), est.ptr, est.ptr + stream_len);
+    Put<uint32_t>(o, uint32_t(n_streams));
+    for (size_t s = 0; s < n_streams; ++s) {
+      if (s > 0) Put<uint32_t>(o, first[s]);
+      for (int k = 0; k < kLanes; ++k) Put<uint32_t>(o, est[s].x[k]);
+      Put<uint64_t>(o, uint64_t(buffer.data() + region_end[s] - est[s].ptr));
+    }
+    for (size_t s = 0; s < n_streams; ++s) o->insert(o->end(), est[s].ptr, buffer.data() + region_end[s]);
     return Status::Ok();
   }
 
@@ -518,14 +579,6 @@ class RansStage final : public Stage {
     KV_ASSIGN_OR_RETURN(uint64_t raw_len, r.Get<uint64_t>("raw_len"));
     KV_ASSIGN_OR_RETURN(std::span<const uint8_t> raw, r.Bytes(raw_len, "raw bytes"));
     KV_ASSIGN_OR_RETURN(uint64_t n_symbols, r.Get<uint64_t>("n_symbols"));
-    rans::DecoderState st;
-    for (int k = 0; k < kLanes; ++k) {
-      KV_ASSIGN_OR_RETURN(st.x[k], r.Get<uint32_t>("states"));
-      if (st.x[k] < kLow || st.x[k] >= (1u << 31)) return Status::Corrupt("rans state outside its range");
-    }
-    KV_ASSIGN_OR_RETURN(uint64_t stream_len, r.Get<uint64_t>("stream_len"));
-    KV_ASSIGN_OR_RETURN(std::span<const uint8_t> stream, r.Bytes(stream_len, "stream"));
-    if (r.remaining() != 0) return Status::Corrupt("rans payload has " + std::to_string(r.remaining()) + " trailing bytes");
     // The output: coded sections, with the raw bytes filling everything between them.
     uint64_t covered = L.code_bytes, want_symbols = 0;
     for (uint32_t k = 0; k < n_half; ++k) {
@@ -536,6 +589,39 @@ class RansStage final : public Stage {
       return Status::Corrupt("rans payload holds " + std::to_string(n_symbols) + " symbols, the shape needs " +
                              std::to_string(want_symbols));
     }
+    const std::vector<RunRef> runs = MakeRuns(L, secs, coded.data());
+    KV_ASSIGN_OR_RETURN(uint32_t n_streams, r.Get<uint32_t>("n_streams"));
+    if (n_streams == 0 || n_streams > std::max<size_t>(1, runs.size())) {
+      return Status::Corrupt("rans payload has " + std::to_string(n_streams) + " streams for " +
+                             std::to_string(runs.size()) + " runs of symbols");
+    }
+    struct Stream {
+      uint32_t first = 0;  // run
+      rans::DecoderState st;
+    };
+    std::vector<Stream> streams(n_streams);
+    std::vector<uint64_t> stream_len(n_streams);
+    for (uint32_t s = 0; s < n_streams; ++s) {
+      if (s > 0) {
+        KV_ASSIGN_OR_RETURN(streams[s].first, r.Get<uint32_t>("stream start"));
+        if (streams[s].first <= streams[s - 1].first || streams[s].first >= runs.size()) {
+          return Status::Corrupt("rans stream " + std::to_string(s) + " starts at run " + std::to_string(streams[s].first) +
+                                 ", after run " + std::to_string(streams[s - 1].first) + " and before run " +
+                                 std::to_string(runs.size()) + " expected");
+        }
+      }
+      for (int k = 0; k < kLanes; ++k) {
+        KV_ASSIGN_OR_RETURN(streams[s].st.x[k], r.Get<uint32_t>("states"));
+        if (streams[s].st.x[k] < kLow || streams[s].st.x[k] >= (1u << 31)) return Status::Corrupt("rans state outside its range");
+      }
+      KV_ASSIGN_OR_RETURN(stream_len[s], r.Get<uint64_t>("stream_len"));
+    }
+    for (uint32_t s = 0; s < n_streams; ++s) {
+      KV_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes, r.Bytes(stream_len[s], "stream"));
+      streams[s].st.ptr = bytes.data();
+      streams[s].st.end = bytes.data() + bytes.size();
+    }
+    if (r.remaining() != 0) return Status::Corrupt("rans payload has " + std::to_string(r.remaining()) + " trailing bytes");
     const uint64_t total = raw_len + covered;
     if (total > ctx.max_decoded_bytes) return Status::OutOfRange("rans output above the decode limit");
     uint64_t need = 0;  // the end of the last coded section must fit in the output
@@ -545,9 +631,15 @@ class RansStage final : public Stage {
     if (need > total) return Status::Corrupt("rans raw bytes are too few for the sections (" + std::to_string(raw_len) + ")");
     ByteBuffer& o = *out.bytes;
     o.resize(total);
-    st.ptr = stream.data();
-    st.end = stream.data() + stream.size();
-    std::vector<uint8_t> sym;
+    uint64_t at = 0, raw_at = 0;
+    for (size_t i = 0; i < secs.size(); ++i) {
+      const CodeSection& s = secs[i];
+      if (s.kind == Kind::kHalf && !coded[L.context_of[i]]) continue;
+      std::memcpy(o.data() + at, raw.data() + raw_at, s.offset - at);
+      raw_at += s.offset - at;
+      at = s.offset + SectionBytes(s);
+    }
+    std::memcpy(o.data() + at, raw.data() + raw_at, raw_len - raw_at);
     auto run_of = [&](const Context& c) {
       return rans::Run{&entries[L.table_offset[c.first_table]], c.per_channel ? 1u << c.bits : 0, c.n_channel, c.bits};
     };
@@ -565,40 +657,47 @@ class RansStage final : public Stage {
       return t;
     };
     std::vector<Lookup> code_lookup(L.code.size());
-    for (size_t k = 0; k < L.code.size(); ++k) code_lookup[k] = lookup_for(L.code[k]);
-    auto decode = [&](const Context& c, const Lookup& t, uint64_t n) -> Status {
-      sym.resize(Padded(n));
-      if (!rans::DecodeRun(st, run_of(c), t.lanes, t.slots, uint32_t(sym.size()), sym.data())) {
-        return Status::Corrupt("rans stream ends early");
+    ParallelFor(ctx.pool, L.code.size(), [&](uint64_t k) { code_lookup[k] = lookup_for(L.code[k]); });
+    // Each stream decodes its runs into their sections of the output on its own thread.
+    std::vector<Status> errors(n_streams);
+    ParallelFor(ctx.pool, n_streams, [&](uint64_t k) {
+      thread_local std::vector<uint8_t> sym;
+      rans::DecoderState& st = streams[k].st;
+      const uint32_t end = k + 1 < n_streams ? streams[k + 1].first : uint32_t(runs.size());
+      for (uint32_t ri = streams[k].first; ri < end; ++ri) {
+        const RunRef& run = runs[ri];
+        const Context& c = run.half ? L.half[run.index] : L.code[L.context_of[run.index]];
+        sym.resize(Padded(run.n));
+        const bool ok = run.half ? [&] {
+          const Lookup t = lookup_for(c);
+          return rans::DecodeRun(st, run_of(c), t.lanes, t.slots, uint32_t(sym.size()), sym.data());
+        }() : rans::DecodeRun(st, run_of(c), code_lookup[L.context_of[run.index]].lanes,
+                              code_lookup[L.context_of[run.index]].slots, uint32_t(sym.size()), sym.data());
+        if (!ok) {
+          errors[k] = Status::Corrupt("rans stream " + std::to_string(k) + " ends early");
+          return;
+        }
+        if (run.half) {
+          size_t done = 0;
+          for (uint32_t i : c.sections) {
+            std::memcpy(o.data() + secs[i].offset, sym.data() + done, SectionBytes(secs[i]));
+            done += SectionBytes(secs[i]);
+          }
+          continue;
+        }
+        const CodeSection& s = secs[run.index];
+        if (flags[L.context_of[run.index]] & kPredicted) Unpredict(sym.data(), s.n_codes, s.n_channel, s.bits);
+        quant::PackCodes(sym.data(), s.n_codes, s.bits, o.data() + s.offset);
       }
-      return Status::Ok();
-    };
-    for (uint32_t k = 0; k < n_half; ++k) {
-      if (!coded[k]) continue;
-      KV_RETURN_IF_ERROR(decode(L.half[k], lookup_for(L.half[k]), L.half[k].n_symbols));
-      size_t at = 0;
-      for (uint32_t i : L.half[k].sections) {
-        std::memcpy(o.data() + secs[i].offset, sym.data() + at, SectionBytes(secs[i]));
-        at += SectionBytes(secs[i]);
+      for (int l = 0; l < kLanes; ++l) {
+        if (st.x[l] != kLow) {
+          errors[k] = Status::Corrupt("rans stream " + std::to_string(k) + " is corrupt (a final state is off)");
+          return;
+        }
       }
-    }
-    uint64_t at = 0, raw_at = 0;
-    for (size_t i = 0; i < secs.size(); ++i) {
-      const CodeSection& s = secs[i];
-      if (s.kind == Kind::kHalf && !coded[L.context_of[i]]) continue;
-      std::memcpy(o.data() + at, raw.data() + raw_at, s.offset - at);
-      raw_at += s.offset - at;
-      at = s.offset + SectionBytes(s);
-      if (s.kind == Kind::kHalf) continue;
-      KV_RETURN_IF_ERROR(decode(L.code[L.context_of[i]], code_lookup[L.context_of[i]], s.n_codes));
-      if (flags[L.context_of[i]] & kPredicted) Unpredict(sym.data(), s.n_codes, s.n_channel, s.bits);
-      quant::PackCodes(sym.data(), s.n_codes, s.bits, o.data() + s.offset);
-    }
-    std::memcpy(o.data() + at, raw.data() + raw_at, raw_len - raw_at);
-    for (int k = 0; k < kLanes; ++k) {
-      if (st.x[k] != kLow) return Status::Corrupt("rans stream is corrupt (a final state is off)");
-    }
-    if (st.ptr != st.end) return Status::Corrupt("rans stream has unread bytes");
+      if (st.ptr != st.end) errors[k] = Status::Corrupt("rans stream " + std::to_string(k) + " has unread bytes");
+    });
+    for (const Status& e : errors) KV_RETURN_IF_ERROR(e);
     return Status::Ok();
   }
 

@@ -10,6 +10,7 @@
 #include "kvserve/file.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
+#include "kvserve/thread_pool.h"
 
 namespace kvserve {
 namespace {
@@ -32,6 +33,29 @@ TEST(Prune, KeepsSinksRecentAndTheBestScoredTokens) {
   for (uint32_t j = 0; j < 8; ++j)
     for (uint32_t d = 0; d < 8; ++d)
       EXPECT_EQ(out.Get(1, KvPart::kValue, 1, j, d), in.Get(1, KvPart::kValue, 1, out.positions()[j] - 100, d));
+}
+
+TEST(Prune, KeptRowsKeepTheirDtypeAndTheChoiceDoesNotDependOnThreads) {
+  KvBlock in = SynthesizeKv(KvShape{3, 2, 300, 16}, {.seed = 4}).value();
+  ThreadPool pool(2);
+  CodecOptions threaded;
+  threaded.pool = &pool;
+  for (const char* spec : {"prune(keep=0.3,score=knorm)", "prune(keep=0.3,score=knorm)|quant(kbits=8,vbits=8)"}) {
+    ByteBuffer one = EncodeKv(in, spec).value();
+    EXPECT_EQ(one, EncodeKv(in, spec, threaded).value()) << spec;
+    KvBlock a, b;
+    ASSERT_TRUE(DecodeKv(one, &a).ok());
+    ASSERT_TRUE(DecodeKv(one, &b, threaded).ok());
+    ASSERT_EQ(a.dtype(), DType::kF16);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0) << spec;
+  }
+  // Alone, the stage stores the kept fp16 rows as they were.
+  KvBlock out;
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "prune(keep=0.3,score=knorm)").value(), &out).ok());
+  const size_t row = 16 * 2;
+  for (uint64_t sl = 0; sl < in.shape().n_slab(); ++sl)
+    for (uint32_t j = 0; j < out.shape().n_token; ++j)
+      ASSERT_EQ(std::memcmp(out.slab_at(sl) + j * row, in.slab_at(sl) + out.positions()[j] * row, row), 0);
 }
 
 TEST(Prune, KeyNormFallbackKeepsTheSmallestKeys) {

@@ -9,6 +9,7 @@
 #include "kvserve/file.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
+#include "kvserve/thread_pool.h"
 
 namespace kvserve {
 namespace {
@@ -115,6 +116,94 @@ TEST_F(RansCorruption, TruncatedPayloadIsRejected) {
     Status st = DecodeKv(f, &out);
     EXPECT_EQ(st.code(), StatusCode::kCorrupt) << cut << ": " << st.ToString();
   }
+}
+
+// Walks a rans payload to its stream directory (the layout at the top of src/codec/rans.cc):
+// the offset of n_streams.
+size_t StreamDirectoryAt(std::span<const uint8_t> p) {
+  size_t at = 3;
+  auto u32 = [&] {
+    uint32_t v;
+    std::memcpy(&v, p.data() + at, 4);
+    at += 4;
+    return v;
+  };
+  auto varint = [&] {
+    uint32_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      const uint8_t b = p[at++];
+      v |= uint32_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+  };
+  at += u32();  // code context flags
+  at += u32();  // metadata flags
+  const uint32_t n_tables = u32();
+  for (uint32_t t = 0; t < n_tables; ++t) {
+    const uint32_t a = 1u << p[at++];
+    for (uint32_t s = 0; s < a;) {
+      if (varint() == 0) s += varint();
+      ++s;
+    }
+  }
+  uint64_t raw_len;
+  std::memcpy(&raw_len, p.data() + at, 8);
+  return at + 8 + raw_len + 8;  // raw bytes, then n_symbols
+}
+
+TEST(RansStage, LargeFramesCodeInStreamsThatDoNotDependOnThreads) {
+  // Four layers of two heads, 1024 tokens: every (layer, K/V) context holds 2^18 codes, the
+  // size after which a stream may end, and so do the fp16 ranges of all of them together (16
+  // metadata contexts of 8192 values, two bytes each): a stream for those, then one per context.
+  KvBlock in = SynthesizeKv(KvShape{4, 2, 1024, 128}, {.seed = 5}).value();
+  const std::string spec = "quant(kbits=4,vbits=4)|rans";
+  ThreadPool pool(2);
+  CodecOptions threaded;
+  threaded.pool = &pool;
+  ByteBuffer one = EncodeKv(in, spec).value();
+  ByteBuffer two = EncodeKv(in, spec, threaded).value();
+  ASSERT_EQ(one, two) << "the frame depends on the threads that wrote it";
+  const auto p = Payload(one);
+  const size_t dir = StreamDirectoryAt(p);
+  uint32_t n_streams;
+  std::memcpy(&n_streams, p.data() + dir, 4);
+  EXPECT_EQ(n_streams, 9u);
+  // Later streams start at the first section of a context: after the metadata runs, then after
+  // the 64 K sections of layer 0 (32 blocks of 32 tokens for each of 2 heads).
+  const size_t stream_entry = 4 + 32 * 4 + 8;  // first run, final states, length
+  uint32_t second_start, third_start;
+  std::memcpy(&second_start, p.data() + dir + 4 + 32 * 4 + 8, 4);
+  std::memcpy(&third_start, p.data() + dir + 4 + 32 * 4 + 8 + stream_entry, 4);
+  uint32_t n_half;
+  std::memcpy(&n_half, p.data() + 7 + p[3], 4);
+  uint32_t coded_half = 0;
+  for (uint32_t k = 0; k < n_half; ++k) coded_half += p[11 + p[3] + k];
+  EXPECT_EQ(coded_half, 16u);
+  EXPECT_EQ(second_start, coded_half);
+  EXPECT_EQ(third_start, coded_half + 64u);
+  // Decoded on one thread or two, the codes are the quantiser's exactly.
+  KvBlock a, b, c;
+  ASSERT_TRUE(DecodeKv(EncodeKv(in, "quant(kbits=4,vbits=4)").value(), &a).ok());
+  ASSERT_TRUE(DecodeKv(one, &b).ok());
+  ASSERT_TRUE(DecodeKv(one, &c, threaded).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0);
+  EXPECT_EQ(std::memcmp(a.data(), c.data(), a.bytes()), 0);
+  // A stream directory that does not fit the runs is refused by name.
+  const size_t payload_at = ParseFrame(one).value().header.header_len();
+  auto decode_with = [&](size_t offset, uint32_t value) {
+    ByteBuffer f = testing::Rechecksummed(one, [&](ByteBuffer& buf) { std::memcpy(buf.data() + payload_at + offset, &value, 4); });
+    KvBlock out;
+    return DecodeKv(f, &out, threaded);
+  };
+  Status st = decode_with(dir, 0);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("0 streams for"), std::string::npos) << st.message();
+  st = decode_with(dir, 100000);
+  EXPECT_NE(st.message().find("100000 streams for"), std::string::npos) << st.message();
+  st = decode_with(dir + 4 + 32 * 4 + 8, 0);  // the second stream starting where the first does
+  EXPECT_NE(st.message().find("rans stream 1 starts at run 0"), std::string::npos) << st.message();
+  st = decode_with(dir + 4 + 32 * 4 + 8, second_start + 1);  // a cut off by one section
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
 }
 
 TEST(RansStage, NeedsSymbols) {

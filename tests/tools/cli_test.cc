@@ -137,6 +137,15 @@ TEST_F(CliTest, BenchThreadSweepReportsEachPointAndItsScaling) {
               s1["decode_gbps"].get<double>() / s0["decode_gbps"].get<double>(), 1e-9);
   EXPECT_GT(j["sweep"][1]["entropy"]["rans_encode_scaling"].get<double>(), 0);
   EXPECT_EQ(j["sweep"][1]["entropy"]["rans_bytes"], j["entropy"]["rans_bytes"]);  // threads never change the frame
+  // The serving path: per-layer frames of the same strategy, with their speed over the block's.
+  const auto& layer = j["strategies"][0]["per_layer"];
+  EXPECT_GT(layer["encode_gbps"].get<double>(), 0);
+  EXPECT_NEAR(layer["decode_vs_block"].get<double>(),
+              layer["decode_gbps"].get<double>() / j["strategies"][0]["decode_gbps"].get<double>(), 1e-9);
+  EXPECT_GT(layer["frame_bytes"].get<uint64_t>(), 0u);
+  CliRun whole = Cli("codec bench --tokens 16 --runs 1 --no-per-layer -s 'quant(kbits=2,vbits=2)' --json");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_FALSE(nlohmann::json::parse(whole.out)["strategies"][0].contains("per_layer"));
 }
 
 TEST_F(CliTest, ModelCommands) {
