@@ -20,7 +20,7 @@
 //
 // Streams: the runs, in decoding order, are cut into streams with states of their own, so that
 // the contexts of a large frame are coded and decoded on several threads. A cut falls where a
-// code context begins, once the stream before it holds kStreamSymbols: a function of the layout
+// code context begins, once the stream before it holds kStreamSymbols codes: a function of the layout
 // alone, so a frame is the same however many threads wrote it, and a frame of one layer (the
 // serving path) still has a stream for K and one for V.
 //
@@ -348,7 +348,8 @@ std::vector<RunRef> MakeRuns(const Layout& L, const std::vector<CodeSection>& se
 }
 
 // First run of every stream: a new stream begins where a code context begins once the current
-// one holds kStreamSymbols.
+// one holds kStreamSymbols codes. Metadata does not count: it is small next to the codes, and a
+// stream of metadata alone would leave one of two threads idle on a one-layer frame.
 std::vector<uint32_t> CutStreams(const std::vector<RunRef>& runs, const Layout& L) {
   std::vector<uint32_t> first = {0};
   uint64_t held = 0;
@@ -356,7 +357,7 @@ std::vector<uint32_t> CutStreams(const std::vector<RunRef>& runs, const Layout& 
     const bool starts_context = !runs[r].half && (r == 0 || runs[r - 1].half ||
                                                   L.context_of[runs[r - 1].index] != L.context_of[runs[r].index]);
     if (starts_context && held >= kStreamSymbols) first.push_back(r), held = 0;
-    held += Padded(runs[r].n);
+    if (!runs[r].half) held += Padded(runs[r].n);
   }
   return first;
 }

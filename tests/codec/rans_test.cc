@@ -153,8 +153,8 @@ size_t StreamDirectoryAt(std::span<const uint8_t> p) {
 
 TEST(RansStage, LargeFramesCodeInStreamsThatDoNotDependOnThreads) {
   // Four layers of two heads, 1024 tokens: every (layer, K/V) context holds 2^18 codes, the
-  // size after which a stream may end, and so do the fp16 ranges of all of them together (16
-  // metadata contexts of 8192 values, two bytes each): a stream for those, then one per context.
+  // size after which a stream may end, so each gets a stream; the metadata runs (which do not
+  // count towards that size) go with the first.
   KvBlock in = SynthesizeKv(KvShape{4, 2, 1024, 128}, {.seed = 5}).value();
   const std::string spec = "quant(kbits=4,vbits=4)|rans";
   ThreadPool pool(2);
@@ -167,9 +167,10 @@ TEST(RansStage, LargeFramesCodeInStreamsThatDoNotDependOnThreads) {
   const size_t dir = StreamDirectoryAt(p);
   uint32_t n_streams;
   std::memcpy(&n_streams, p.data() + dir, 4);
-  EXPECT_EQ(n_streams, 9u);
-  // Later streams start at the first section of a context: after the metadata runs, then after
-  // the 64 K sections of layer 0 (32 blocks of 32 tokens for each of 2 heads).
+  EXPECT_EQ(n_streams, 8u);
+  // Later streams start at the first section of a context: after the metadata runs and the 64 K
+  // sections of layer 0 (32 blocks of 32 tokens for each of 2 heads), then its 32 V sections
+  // (16 blocks of 64 tokens for each head).
   const size_t stream_entry = 4 + 32 * 4 + 8;  // first run, final states, length
   uint32_t second_start, third_start;
   std::memcpy(&second_start, p.data() + dir + 4 + 32 * 4 + 8, 4);
@@ -179,8 +180,8 @@ TEST(RansStage, LargeFramesCodeInStreamsThatDoNotDependOnThreads) {
   uint32_t coded_half = 0;
   for (uint32_t k = 0; k < n_half; ++k) coded_half += p[11 + p[3] + k];
   EXPECT_EQ(coded_half, 16u);
-  EXPECT_EQ(second_start, coded_half);
-  EXPECT_EQ(third_start, coded_half + 64u);
+  EXPECT_EQ(second_start, coded_half + 64u);
+  EXPECT_EQ(third_start, coded_half + 96u);
   // Decoded on one thread or two, the codes are the quantiser's exactly.
   KvBlock a, b, c;
   ASSERT_TRUE(DecodeKv(EncodeKv(in, "quant(kbits=4,vbits=4)").value(), &a).ok());
