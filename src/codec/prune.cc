@@ -20,7 +20,7 @@ namespace {
 constexpr uint32_t kScoreTokens = 64;  // tokens per scoring task
 
 // Sum of squares in double, eight running sums (one vector) added pairwise: a fixed order, so
-// the same on every thread and tier.
+// the same on every thread.
 double SquaredNorm(const float* x, uint32_t n) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   uint32_t d = 0;
