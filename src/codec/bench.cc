@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -18,6 +19,24 @@ double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 double MedianOf(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+struct Medians {
+  double encode_s = 0, decode_s = 0;
+};
+// Runs encode then decode once to warm up (sizing the buffers), then `runs` times timed.
+Result<Medians> TimeRoundTrips(int runs, const std::function<Status()>& encode, const std::function<Status()>& decode) {
+  KV_RETURN_IF_ERROR(encode());
+  KV_RETURN_IF_ERROR(decode());
+  std::vector<double> enc, dec;
+  for (int r = 0; r < std::max(1, runs); ++r) {
+    const double t0 = Now();
+    KV_RETURN_IF_ERROR(encode());
+    const double t1 = Now();
+    KV_RETURN_IF_ERROR(decode());
+    enc.push_back(t1 - t0);
+    dec.push_back(Now() - t1);
+  }
+  return Medians{MedianOf(enc), MedianOf(dec)};
 }
 }  // namespace
 
@@ -38,20 +57,11 @@ Result<CodecMeasurement> MeasureCodec(const KvBlock& block, std::string_view spe
   co.pool = opts.pool ? opts.pool : own.get();
   ByteBuffer frame;
   KvBlock out;
-  KV_RETURN_IF_ERROR(p.Encode(block, &frame, co));  // warm-up; sizes the buffers
-  KV_RETURN_IF_ERROR(p.Decode(frame, &out, co));
-  std::vector<double> enc, dec;
-  for (int r = 0; r < std::max(1, opts.runs); ++r) {
-    double t0 = Now();
-    KV_RETURN_IF_ERROR(p.Encode(block, &frame, co));
-    double t1 = Now();
-    KV_RETURN_IF_ERROR(p.Decode(frame, &out, co));
-    double t2 = Now();
-    enc.push_back(t1 - t0);
-    dec.push_back(t2 - t1);
-  }
+  KV_ASSIGN_OR_RETURN(Medians whole, TimeRoundTrips(opts.runs, [&] { return p.Encode(block, &frame, co); },
+                                                    [&] { return p.Decode(frame, &out, co); }));
   CodecMeasurement m;
   m.spec = p.spec();
+  const double gb = double(block.bytes()) / 1e9;
   if (opts.per_layer && m.spec.find("lowrank") == std::string::npos) {
     // Scores from a hash of the token index: any fixed vector costs the codec the same.
     std::vector<float> scores(block.shape().n_token);
@@ -70,24 +80,13 @@ Result<CodecMeasurement> MeasureCodec(const KvBlock& block, std::string_view spe
       for (const ByteBuffer& f : frames) KV_RETURN_IF_ERROR(assembler.Add(f, lo));
       return Status::Ok();
     };
-    KV_RETURN_IF_ERROR(encode());  // warm-up
-    KV_RETURN_IF_ERROR(decode());
-    std::vector<double> lenc, ldec;
-    for (int r = 0; r < std::max(1, opts.runs); ++r) {
-      const double t0 = Now();
-      KV_RETURN_IF_ERROR(encode());
-      const double t1 = Now();
-      KV_RETURN_IF_ERROR(decode());
-      lenc.push_back(t1 - t0);
-      ldec.push_back(Now() - t1);
-    }
-    m.layer_encode_gbps = double(block.bytes()) / 1e9 / MedianOf(lenc);
-    m.layer_decode_gbps = double(block.bytes()) / 1e9 / MedianOf(ldec);
+    KV_ASSIGN_OR_RETURN(Medians layered, TimeRoundTrips(opts.runs, encode, decode));
+    m.layer_encode_gbps = gb / layered.encode_s;
+    m.layer_decode_gbps = gb / layered.decode_s;
     for (const ByteBuffer& f : frames) m.layer_frame_bytes += f.size();
   }
-  const double gb = double(block.bytes()) / 1e9;
-  m.encode_gbps = gb / MedianOf(enc);
-  m.decode_gbps = gb / MedianOf(dec);
+  m.encode_gbps = gb / whole.encode_s;
+  m.decode_gbps = gb / whole.decode_s;
   m.frame_bytes = frame.size();
   m.ratio = double(block.bytes()) / double(frame.size());
   // After token selection the error is measured over the kept tokens.

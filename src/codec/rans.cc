@@ -347,19 +347,21 @@ std::vector<RunRef> MakeRuns(const Layout& L, const std::vector<CodeSection>& se
   return runs;
 }
 
-// First run of every stream: a new stream begins where a code context begins once the current
-// one holds kStreamSymbols codes. Metadata does not count: it is small next to the codes, and a
-// stream of metadata alone would leave one of two threads idle on a one-layer frame.
+// Stream bounds: stream s covers runs [bounds[s], bounds[s + 1]). A new stream begins where a
+// code context begins once the current one holds kStreamSymbols codes. Metadata does not count:
+// it is small next to the codes, and a stream of metadata alone would leave one of two threads
+// idle on a one-layer frame.
 std::vector<uint32_t> CutStreams(const std::vector<RunRef>& runs, const Layout& L) {
-  std::vector<uint32_t> first = {0};
+  std::vector<uint32_t> bounds = {0};
   uint64_t held = 0;
   for (uint32_t r = 0; r < runs.size(); ++r) {
     const bool starts_context = !runs[r].half && (r == 0 || runs[r - 1].half ||
                                                   L.context_of[runs[r - 1].index] != L.context_of[runs[r].index]);
-    if (starts_context && held >= kStreamSymbols) first.push_back(r), held = 0;
+    if (starts_context && held >= kStreamSymbols) bounds.push_back(r), held = 0;
     if (!runs[r].half) held += Padded(runs[r].n);
   }
-  return first;
+  bounds.push_back(uint32_t(runs.size()));
+  return bounds;
 }
 
 class RansStage final : public Stage {
@@ -423,15 +425,14 @@ class RansStage final : public Stage {
       coded[k] = bytes < double(c.n_symbols);
     }
     const std::vector<RunRef> runs = MakeRuns(L, secs, coded.data());
-    const std::vector<uint32_t> first = CutStreams(runs, L);
-    const size_t n_streams = first.size();
+    const std::vector<uint32_t> bounds = CutStreams(runs, L);
+    const size_t n_streams = bounds.size() - 1;
     // Pass 2, one stream per task: its runs backwards into its own region of one buffer, growing
     // downwards (at most one word per symbol).
     std::vector<uint64_t> region_end(n_streams);
     uint64_t n_symbols = 0, room = 0;
     for (size_t s = 0; s < n_streams; ++s) {
-      const uint32_t end = s + 1 < n_streams ? first[s + 1] : uint32_t(runs.size());
-      for (uint32_t r = first[s]; r < end; ++r) n_symbols += Padded(runs[r].n), room += 2 * Padded(runs[r].n);
+      for (uint32_t r = bounds[s]; r < bounds[s + 1]; ++r) n_symbols += Padded(runs[r].n), room += 2 * Padded(runs[r].n);
       region_end[s] = room += 64;
     }
     thread_local ByteBuffer stream_buffer;  // reused: a fresh buffer per call costs its page faults
@@ -443,8 +444,7 @@ class RansStage final : public Stage {
       rans::EncoderState& e = est[s];
       std::fill(e.x, e.x + kLanes, kLow);
       e.ptr = buffer.data() + region_end[s];
-      const uint32_t end = s + 1 < n_streams ? first[s + 1] : uint32_t(runs.size());
-      for (uint32_t r = end; r-- > first[s];) {
+      for (uint32_t r = bounds[s + 1]; r-- > bounds[s];) {
         const RunRef& run = runs[r];
         const Context& c = run.half ? L.half[run.index] : L.code[L.context_of[run.index]];
         if (run.half) HalfSymbols(c, secs, payload, sym);
@@ -495,7 +495,7 @@ class RansStage final : public Stage {
     Put<uint64_t>(o, n_symbols);
     Put<uint32_t>(o, uint32_t(n_streams));
     for (size_t s = 0; s < n_streams; ++s) {
-      if (s > 0) Put<uint32_t>(o, first[s]);
+      if (s > 0) Put<uint32_t>(o, bounds[s]);
       for (int k = 0; k < kLanes; ++k) Put<uint32_t>(o, est[s].x[k]);
       Put<uint64_t>(o, uint64_t(buffer.data() + region_end[s] - est[s].ptr));
     }
@@ -596,31 +596,30 @@ class RansStage final : public Stage {
       return Status::Corrupt("rans payload has " + std::to_string(n_streams) + " streams for " +
                              std::to_string(runs.size()) + " runs of symbols");
     }
-    struct Stream {
-      uint32_t first = 0;  // run
-      rans::DecoderState st;
-    };
-    std::vector<Stream> streams(n_streams);
+    // Stream s covers runs [bounds[s], bounds[s + 1]), as CutStreams wrote them.
+    std::vector<uint32_t> bounds(n_streams + 1, 0);
+    bounds[n_streams] = uint32_t(runs.size());
+    std::vector<rans::DecoderState> states(n_streams);
     std::vector<uint64_t> stream_len(n_streams);
     for (uint32_t s = 0; s < n_streams; ++s) {
       if (s > 0) {
-        KV_ASSIGN_OR_RETURN(streams[s].first, r.Get<uint32_t>("stream start"));
-        if (streams[s].first <= streams[s - 1].first || streams[s].first >= runs.size()) {
-          return Status::Corrupt("rans stream " + std::to_string(s) + " starts at run " + std::to_string(streams[s].first) +
-                                 ", after run " + std::to_string(streams[s - 1].first) + " and before run " +
+        KV_ASSIGN_OR_RETURN(bounds[s], r.Get<uint32_t>("stream start"));
+        if (bounds[s] <= bounds[s - 1] || bounds[s] >= runs.size()) {
+          return Status::Corrupt("rans stream " + std::to_string(s) + " starts at run " + std::to_string(bounds[s]) +
+                                 ", after run " + std::to_string(bounds[s - 1]) + " and before run " +
                                  std::to_string(runs.size()) + " expected");
         }
       }
       for (int k = 0; k < kLanes; ++k) {
-        KV_ASSIGN_OR_RETURN(streams[s].st.x[k], r.Get<uint32_t>("states"));
-        if (streams[s].st.x[k] < kLow || streams[s].st.x[k] >= (1u << 31)) return Status::Corrupt("rans state outside its range");
+        KV_ASSIGN_OR_RETURN(states[s].x[k], r.Get<uint32_t>("states"));
+        if (states[s].x[k] < kLow || states[s].x[k] >= (1u << 31)) return Status::Corrupt("rans state outside its range");
       }
       KV_ASSIGN_OR_RETURN(stream_len[s], r.Get<uint64_t>("stream_len"));
     }
     for (uint32_t s = 0; s < n_streams; ++s) {
       KV_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes, r.Bytes(stream_len[s], "stream"));
-      streams[s].st.ptr = bytes.data();
-      streams[s].st.end = bytes.data() + bytes.size();
+      states[s].ptr = bytes.data();
+      states[s].end = bytes.data() + bytes.size();
     }
     if (r.remaining() != 0) return Status::Corrupt("rans payload has " + std::to_string(r.remaining()) + " trailing bytes");
     const uint64_t total = raw_len + covered;
@@ -663,18 +662,15 @@ class RansStage final : public Stage {
     std::vector<Status> errors(n_streams);
     ParallelFor(ctx.pool, n_streams, [&](uint64_t k) {
       thread_local std::vector<uint8_t> sym;
-      rans::DecoderState& st = streams[k].st;
-      const uint32_t end = k + 1 < n_streams ? streams[k + 1].first : uint32_t(runs.size());
-      for (uint32_t ri = streams[k].first; ri < end; ++ri) {
+      rans::DecoderState& st = states[k];
+      for (uint32_t ri = bounds[k]; ri < bounds[k + 1]; ++ri) {
         const RunRef& run = runs[ri];
         const Context& c = run.half ? L.half[run.index] : L.code[L.context_of[run.index]];
+        Lookup half_lookup;  // a metadata context is one run: its lookup is built where it is used
+        if (run.half) half_lookup = lookup_for(c);
+        const Lookup& t = run.half ? half_lookup : code_lookup[L.context_of[run.index]];
         sym.resize(Padded(run.n));
-        const bool ok = run.half ? [&] {
-          const Lookup t = lookup_for(c);
-          return rans::DecodeRun(st, run_of(c), t.lanes, t.slots, uint32_t(sym.size()), sym.data());
-        }() : rans::DecodeRun(st, run_of(c), code_lookup[L.context_of[run.index]].lanes,
-                              code_lookup[L.context_of[run.index]].slots, uint32_t(sym.size()), sym.data());
-        if (!ok) {
+        if (!rans::DecodeRun(st, run_of(c), t.lanes, t.slots, uint32_t(sym.size()), sym.data())) {
           errors[k] = Status::Corrupt("rans stream " + std::to_string(k) + " ends early");
           return;
         }
