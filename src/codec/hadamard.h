@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "kv/rng.h"
@@ -9,10 +10,9 @@
 namespace kvserve {
 
 // In-place fast Walsh–Hadamard transform of n = 2^k values, scaled by 1/sqrt(n): orthonormal and
-// its own inverse. The loops are plain; with n known at compile time (N > 0, the usual head
-// sizes) the compiler unrolls the short butterfly stages and vectorises the long ones, which
-// made mixhq decode 2.8x faster. N = 0 is the runtime-size reference (same operations, same
-// order, so bit-identical results).
+// its own inverse. The plain loops, the reference of the SIMD kernel (hadamard.cc); with n known
+// at compile time (N > 0) the compiler unrolls the short butterfly stages. N = 0 is the
+// runtime-size version (same operations, same order, so bit-identical results).
 template <uint32_t N>
 inline void HadamardN(float* x, uint32_t n_runtime) {
   const uint32_t n = N ? N : n_runtime;
@@ -29,17 +29,14 @@ inline void HadamardN(float* x, uint32_t n_runtime) {
   for (uint32_t j = 0; j < n; ++j) x[j] *= s;
 }
 
-inline void Hadamard(float* x, uint32_t n) {
-  switch (n) {
-    case 8: return HadamardN<8>(x, n);
-    case 16: return HadamardN<16>(x, n);
-    case 32: return HadamardN<32>(x, n);
-    case 64: return HadamardN<64>(x, n);
-    case 128: return HadamardN<128>(x, n);
-    case 256: return HadamardN<256>(x, n);
-    default: return HadamardN<0>(x, n);
-  }
-}
+// The transform of one vector, on the widest kernel the CPU runs: every path computes each
+// butterfly as the plain loops do, so all give the same bits.
+void Hadamard(float* x, uint32_t n);
+
+// `rows` consecutive vectors of n values with random signs `sign` (n of them, ±1): forward
+// multiplies each vector by the signs, then transforms (the rotation); inverse transforms, then
+// multiplies (its exact inverse up to float error). Same bits as those steps done one by one.
+void RotateRows(float* x, size_t rows, uint32_t n, const float* sign, bool inverse);
 
 // Random ±1 signs of one (layer, part, head), from the seed: the decoder regenerates them.
 inline void Signs(uint64_t seed, uint64_t slab, uint32_t n, float* out) {

@@ -19,6 +19,10 @@
 
 namespace kvserve {
 
+// 16 floats as one value (GCC/Clang vector extension): one AVX-512 register, or several
+// narrower ones on a baseline build.
+typedef float Lanes16 __attribute__((vector_size(64)));
+
 namespace {
 constexpr char kMagic[8] = {'K', 'V', 'L', 'R', 'B', 'A', 'S', '1'};
 
@@ -160,20 +164,45 @@ class LowRankStage final : public Stage {
     KV_RETURN_IF_ERROR(out.tensor->Reset(OutputShape(s), DType::kF32));
     out.tensor->set_token_offset(t.token_offset());
     out.tensor->set_positions(t.positions());
-    const uint32_t D = s.head_dim, r = rank_;
     ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t sl) {
-      std::vector<float> x(s.slab_numel());
-      ConvertToF32(t.dtype(), t.slab_at(sl), x.data(), x.size());
+      // Locals, not captures: the loop bounds stay in registers and the loops vectorise.
+      const uint32_t D = s.head_dim, r = rank_;
+      // Centred rows of a tile of kTile tokens; every coefficient sums over d in order, as the
+      // plain loop does, but a tile's kTile x 16 sums stay in registers across d.
+      constexpr uint32_t kTile = 4, kLanes = 16;
+      thread_local std::vector<float> x;
+      x.resize(size_t(kTile) * D);
       const float* mean = &b->mean[sl * D];
       const float* B = &b->basis[sl * D * D];
       float* c = reinterpret_cast<float*>(out.tensor->slab_at(sl));
-      for (uint32_t tok = 0; tok < s.n_token; ++tok) {
-        const float* xr = &x[size_t(tok) * D];
-        float* cr = c + size_t(tok) * r;
-        for (uint32_t j = 0; j < r; ++j) cr[j] = 0.0f;
-        for (uint32_t d = 0; d < D; ++d) {
-          const float v = xr[d] - mean[d];
-          for (uint32_t j = 0; j < r; ++j) cr[j] += v * B[size_t(d) * D + j];
+      const size_t es = DTypeSize(t.dtype());
+      for (uint32_t tok = 0; tok < s.n_token; tok += kTile) {
+        const uint32_t nt = std::min(kTile, s.n_token - tok);
+        float* xt = x.data();
+        ConvertToF32(t.dtype(), t.slab_at(sl) + size_t(tok) * D * es, xt, size_t(nt) * D);
+        for (uint32_t k = 0; k < nt; ++k)
+          for (uint32_t d = 0; d < D; ++d) xt[k * D + d] -= mean[d];
+        uint32_t j0 = 0;
+        if (nt == kTile) {
+          for (; j0 + kLanes <= r; j0 += kLanes) {
+            Lanes16 acc[kTile] = {};
+            for (uint32_t d = 0; d < D; ++d) {
+              Lanes16 bd;
+              std::memcpy(&bd, B + size_t(d) * D + j0, sizeof bd);
+              for (uint32_t k = 0; k < kTile; ++k) acc[k] += xt[k * D + d] * bd;
+            }
+            for (uint32_t k = 0; k < kTile; ++k) std::memcpy(c + size_t(tok + k) * r + j0, &acc[k], sizeof acc[k]);
+          }
+        }
+        for (uint32_t k = 0; k < nt; ++k) {  // columns past the tiles, and a last partial tile
+          float* cr = c + size_t(tok + k) * r;
+          const float* xr = xt + k * D;
+          for (uint32_t j = j0; j < r; ++j) cr[j] = 0.0f;
+          for (uint32_t d = 0; d < D; ++d) {
+            const float v = xr[d];
+            const float* Bd = B + size_t(d) * D;
+            for (uint32_t j = j0; j < r; ++j) cr[j] += v * Bd[j];
+          }
         }
       }
     });
@@ -183,26 +212,54 @@ class LowRankStage final : public Stage {
   Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
     const KvBlock& t = *in.tensor;
     const KvShape& s = out.tensor->shape();
-    const uint32_t D = s.head_dim, r = rank_;
-    if (t.shape().head_dim != r || t.shape().n_token != s.n_token) {
-      return Status::Corrupt("lowrank input " + t.shape().ToString() + " does not match rank " + std::to_string(r));
+    if (t.shape().head_dim != rank_ || t.shape().n_token != s.n_token) {
+      return Status::Corrupt("lowrank input " + t.shape().ToString() + " does not match rank " + std::to_string(rank_));
     }
     KV_ASSIGN_OR_RETURN(std::shared_ptr<const LowRankBasis> b, Basis(s));
     ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t sl) {
-      std::vector<float> c(t.shape().slab_numel()), x(s.slab_numel());
-      ConvertToF32(t.dtype(), t.slab_at(sl), c.data(), c.size());
+      const uint32_t D = s.head_dim, r = rank_;  // locals, as in Encode
+      // The used columns transposed (direction j's coordinates contiguous), so each token sums
+      // mean + c_0 B_0 + c_1 B_1 + ... over whole rows: vector loops, the plain loop's order
+      // per value.
+      thread_local std::vector<float> bt, c, x;
+      constexpr uint32_t kTile = 4, kLanes = 16;
+      bt.resize(size_t(r) * D);
+      c.resize(size_t(kTile) * r);
+      x.resize(size_t(kTile) * D);
       const float* mean = &b->mean[sl * D];
       const float* B = &b->basis[sl * D * D];
-      for (uint32_t tok = 0; tok < s.n_token; ++tok) {
-        const float* cr = &c[size_t(tok) * r];
-        float* xr = &x[size_t(tok) * D];
-        for (uint32_t d = 0; d < D; ++d) {
-          float v = mean[d];
-          for (uint32_t j = 0; j < r; ++j) v += cr[j] * B[size_t(d) * D + j];
-          xr[d] = v;
+      for (uint32_t d = 0; d < D; ++d)
+        for (uint32_t j = 0; j < r; ++j) bt[size_t(j) * D + d] = B[size_t(d) * D + j];
+      const size_t in_es = DTypeSize(t.dtype()), out_es = DTypeSize(out.tensor->dtype());
+      for (uint32_t tok = 0; tok < s.n_token; tok += kTile) {
+        const uint32_t nt = std::min(kTile, s.n_token - tok);
+        float* ct = c.data();
+        float* xt = x.data();
+        ConvertToF32(t.dtype(), t.slab_at(sl) + size_t(tok) * r * in_es, ct, size_t(nt) * r);
+        uint32_t d0 = 0;
+        if (nt == kTile) {  // a tile's kTile x 16 values stay in registers across j
+          for (; d0 + kLanes <= D; d0 += kLanes) {
+            Lanes16 acc[kTile];
+            for (uint32_t k = 0; k < kTile; ++k) std::memcpy(&acc[k], mean + d0, sizeof acc[k]);
+            for (uint32_t j = 0; j < r; ++j) {
+              Lanes16 bj;
+              std::memcpy(&bj, bt.data() + size_t(j) * D + d0, sizeof bj);
+              for (uint32_t k = 0; k < kTile; ++k) acc[k] += ct[k * r + j] * bj;
+            }
+            for (uint32_t k = 0; k < kTile; ++k) std::memcpy(xt + k * D + d0, &acc[k], sizeof acc[k]);
+          }
         }
+        for (uint32_t k = 0; k < nt; ++k) {  // values past the tiles, and a last partial tile
+          float* xr = xt + k * D;
+          const float* btj = bt.data();
+          for (uint32_t d = d0; d < D; ++d) xr[d] = mean[d];
+          for (uint32_t j = 0; j < r; ++j, btj += D) {
+            const float cj = ct[k * r + j];
+            for (uint32_t d = d0; d < D; ++d) xr[d] += cj * btj[d];
+          }
+        }
+        ConvertFromF32(out.tensor->dtype(), xt, out.tensor->slab_at(sl) + size_t(tok) * D * out_es, size_t(nt) * D);
       }
-      ConvertFromF32(out.tensor->dtype(), x.data(), out.tensor->slab_at(sl), x.size());
     });
     return Status::Ok();
   }

@@ -203,16 +203,17 @@ class MixHqStage final : public Stage {
     std::vector<Status> errors(sh.n_slab());
     ParallelFor(ctx.pool, sh.n_slab(), [&](uint64_t s) {
       const bool v = (s / sh.n_head_kv) % 2;
-      std::vector<float> x(sh.slab_numel()), sign(D), scale;
-      std::vector<uint16_t> scale_h;
-      std::vector<uint8_t> codes;
+      // Shadows the captured head_dim: byte stores may alias a captured variable, and loops
+      // whose bound may change do not vectorise.
+      const uint32_t D = sh.head_dim;
+      thread_local std::vector<float> x, sign, scale;
+      thread_local std::vector<uint16_t> scale_h;
+      thread_local std::vector<uint8_t> codes;
+      x.resize(sh.slab_numel());
+      sign.resize(D);
       ConvertToF32(t.dtype(), t.slab_at(s), x.data(), x.size());
       Signs(p_.seed, ctx.first_slab + s, D, sign.data());
-      for (uint32_t tok = 0; tok < sh.n_token; ++tok) {
-        float* row = x.data() + size_t(tok) * D;
-        for (uint32_t d = 0; d < D; ++d) row[d] *= sign[d];
-        Hadamard(row, D);
-      }
+      RotateRows(x.data(), sh.n_token, D, sign.data(), false);
       uint8_t* dst = body + L.offset[s];
       for (const Block& blk : L.blocks[s]) {
         const uint32_t t0 = blk.t0, bt = blk.bt;
@@ -220,13 +221,22 @@ class MixHqStage final : public Stage {
         const size_t n = size_t(bt) * D, n8 = (n + 7) & ~size_t{7};
         const float* xb = x.data() + size_t(t0) * D;
         const size_t ns = v ? bt : D;
+        // Absolute maxima per token (V) or per channel (K). `a > max ? a : max` skips NaN as
+        // std::max did and vectorises to max instructions.
         scale.assign(ns, 0.0f);
-        scale_h.assign(ns, 0);
-        for (uint32_t r = 0; r < bt; ++r)
-          for (uint32_t d = 0; d < D; ++d) {
-            float& a = scale[v ? r : d];
-            a = std::max(a, std::fabs(xb[size_t(r) * D + d]));
+        scale_h.resize(ns);
+        for (uint32_t r = 0; r < bt; ++r) {
+          const float* row = xb + size_t(r) * D;
+          if (v) {
+            float mx = 0.0f;
+#pragma omp simd reduction(max : mx)
+            for (uint32_t d = 0; d < D; ++d) mx = std::fabs(row[d]) > mx ? std::fabs(row[d]) : mx;
+            scale[r] = mx;
+          } else {
+            float* sc = scale.data();
+            for (uint32_t d = 0; d < D; ++d) sc[d] = std::fabs(row[d]) > sc[d] ? std::fabs(row[d]) : sc[d];
           }
+        }
         for (size_t i = 0; i < ns; ++i) {
           if (!std::isfinite(scale[i]) || scale[i] > 65504.0f * m) {
             errors[s] = Status::InvalidArgument("mixhq: a value of magnitude " + std::to_string(scale[i]) +
@@ -235,13 +245,26 @@ class MixHqStage final : public Stage {
           }
           scale[i] = Scale(scale[i], m, &scale_h[i]);
         }
-        codes.assign(n8, 0);
-        for (uint32_t r = 0; r < bt; ++r)
-          for (uint32_t d = 0; d < D; ++d) {
-            const float sc = scale[v ? r : d];
-            const float q = sc > 0 ? std::nearbyint(xb[size_t(r) * D + d] / sc) : 0.0f;
-            codes[size_t(r) * D + d] = uint8_t(std::clamp(int(q), -m, m) + m);
+        codes.resize(n8);
+        std::fill(codes.begin() + n, codes.end(), uint8_t{0});
+        for (uint32_t r = 0; r < bt; ++r) {
+          const float* row = xb + size_t(r) * D;
+          uint8_t* out_row = codes.data() + size_t(r) * D;
+          // A zero scale codes 0. The division is by a safe value and its result selected
+          // after, so the loop has no conditional division and vectorises.
+          auto code = [m](float x, float sc) {
+            const float q = std::nearbyint(x / (sc > 0 ? sc : 1.0f));
+            return uint8_t(std::clamp(int(sc > 0 ? q : 0.0f), -m, m) + m);
+          };
+          if (v) {
+            const float sc = scale[r];
+            for (uint32_t d = 0; d < D; ++d) out_row[d] = code(row[d], sc);
+          } else {
+            // Through a local pointer, for the same reason.
+            const float* sc = scale.data();
+            for (uint32_t d = 0; d < D; ++d) out_row[d] = code(row[d], sc[d]);
           }
+        }
         std::memcpy(dst, scale_h.data(), ns * 2);
         quant::PackCodes(codes.data(), n8, BitsFor(m), dst + ns * 2);
         dst += L.block_bytes(v, blk);
@@ -273,9 +296,14 @@ class MixHqStage final : public Stage {
     const uint8_t* body = hdr + kHeader + sh.n_slab();
     ParallelFor(ctx.pool, sh.n_slab(), [&](uint64_t s) {
       const bool v = (s / sh.n_head_kv) % 2;
-      std::vector<float> x(sh.slab_numel()), sign(D), scale;
-      std::vector<uint16_t> scale_h;
-      std::vector<uint8_t> codes;
+      // Shadows the captured head_dim: byte stores may alias a captured variable, and loops
+      // whose bound may change do not vectorise.
+      const uint32_t D = sh.head_dim;
+      thread_local std::vector<float> x, sign, scale;
+      thread_local std::vector<uint16_t> scale_h;
+      thread_local std::vector<uint8_t> codes;
+      x.resize(sh.slab_numel());
+      sign.resize(D);
       const uint8_t* src = body + L.offset[s];
       for (const Block& blk : L.blocks[s]) {
         const uint32_t t0 = blk.t0, bt = blk.bt;
@@ -289,17 +317,21 @@ class MixHqStage final : public Stage {
         codes.resize(n8);
         quant::UnpackCodes(src + ns * 2, n8, BitsFor(m), codes.data());
         float* xb = x.data() + size_t(t0) * D;
-        for (uint32_t r = 0; r < bt; ++r)
-          for (uint32_t d = 0; d < D; ++d)
-            xb[size_t(r) * D + d] = float(int(codes[size_t(r) * D + d]) - m) * scale[v ? r : d];
+        for (uint32_t r = 0; r < bt; ++r) {
+          const uint8_t* in_row = codes.data() + size_t(r) * D;
+          float* row = xb + size_t(r) * D;
+          if (v) {
+            const float sc = scale[r];
+            for (uint32_t d = 0; d < D; ++d) row[d] = float(int(in_row[d]) - m) * sc;
+          } else {
+            const float* sc = scale.data();
+            for (uint32_t d = 0; d < D; ++d) row[d] = float(int(in_row[d]) - m) * sc[d];
+          }
+        }
         src += L.block_bytes(v, blk);
       }
       Signs(p_.seed, ctx.first_slab + s, D, sign.data());
-      for (uint32_t tok = 0; tok < sh.n_token; ++tok) {
-        float* row = x.data() + size_t(tok) * D;
-        Hadamard(row, D);
-        for (uint32_t d = 0; d < D; ++d) row[d] *= sign[d];
-      }
+      RotateRows(x.data(), sh.n_token, D, sign.data(), true);
       ConvertFromF32(t.dtype(), x.data(), t.slab_at(s), x.size());
     });
     return Status::Ok();

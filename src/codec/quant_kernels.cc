@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kvserve/cpu.h"
 #include "kvserve/kv.h"
@@ -546,22 +547,36 @@ void DecodeBlockComposed(const uint8_t* src, size_t rows, size_t D, size_t group
 
 #ifdef KVSERVE_QUANT_AVX512
 KVSERVE_BEGIN_AVX512
-inline __m512 LoadHalf16(const uint16_t* p) {
+// 16 source values as floats: fp16 (the KV cache) or f32 (the output of a transform stage).
+inline __m512 Load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
 
 bool FusedWidthsFit(size_t D, size_t group) { return D % 16 == 0 && (group == 0 || (group % 16 == 0 && D % group == 0)); }
+
+// Asks for the n values at p, one block ahead of the min/max pass: the code pass between two
+// blocks' reads is long enough for the hardware prefetcher to lose the stream, and the next
+// block (the next one in the slab, or the next slab, which follows it in memory) then starts
+// on misses. A prefetch past the end of the tensor is harmless.
+template <typename T>
+inline void PrefetchRow(const T* p, size_t n) {
+  const char* b = reinterpret_cast<const char*>(p);
+  for (size_t i = 0; i < n * sizeof(T); i += 64) _mm_prefetch(b + i, _MM_HINT_T0);
+}
 
 // Column min/max of N stripes of 16 channels, row by row: the source streams in memory order
 // (a stripe-by-stripe walk strides across rows and stalls on every line) while the 2N
 // accumulators stay in registers; the converted values go to x for the code pass.
-template <int N>
-void ColumnMinMaxF16Stripes(const uint16_t* src, float* x, size_t rows, size_t D, float* mn, float* mx) {
+template <int N, typename T>
+void ColumnMinMaxStripes(const T* src, float* x, size_t rows, size_t D, float* mn, float* mx) {
   __m512 lo[N], hi[N];
-  for (int k = 0; k < N; ++k) lo[k] = hi[k] = LoadHalf16(src + 16 * k), _mm512_storeu_ps(x + 16 * k, lo[k]);
+  for (int k = 0; k < N; ++k) lo[k] = hi[k] = Load16(src + 16 * k), _mm512_storeu_ps(x + 16 * k, lo[k]);
+  PrefetchRow(src + rows * D, N * 16);
   for (size_t r = 1; r < rows; ++r) {
+    PrefetchRow(src + (rows + r) * D, N * 16);
     for (int k = 0; k < N; ++k) {
-      const __m512 v = LoadHalf16(src + r * D + 16 * k);
+      const __m512 v = Load16(src + r * D + 16 * k);
       _mm512_storeu_ps(x + r * D + 16 * k, v);
       lo[k] = _mm512_min_ps(v, lo[k]);
       hi[k] = _mm512_max_ps(v, hi[k]);
@@ -590,11 +605,44 @@ inline __m128 Fold4(__m512 g0, __m512 g1, __m512 g2, __m512 g3) {
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), m));
 }
 
+// The quantise pass and the pack of one plane of width W (every code has W bits) together:
+// plane byte j holds the codes of rows r + i * rows/k (k = 8/W codes per byte, i < k) at bits
+// i*W, so the k rows' codes of 16 channels make 16 bytes. Codes as QuantizeColumnsFast /
+// QuantizeRowGroupsFast compute them; ranges per channel (kChannel, lo/inv indexed by channel)
+// or per row and group of `group` channels. Needs rows % k == 0.
+template <int W, bool kChannel>
+void QuantizePackPlane(const float* x, size_t rows, size_t D, size_t group, const float* lo, const float* inv,
+                       int levels, uint8_t* out) {
+  constexpr int K = 8 / W;
+  const size_t plane_rows = rows / K, ng = D / group;
+  const __m512 fl = _mm512_set1_ps(float(levels));
+  for (size_t r = 0; r < plane_rows; ++r) {
+    for (size_t g = 0; g < ng; ++g) {
+      for (size_t c = g * group; c < (g + 1) * group; c += 16) {
+        __m128i packed = _mm_setzero_si128();
+        for (int i = 0; i < K; ++i) {
+          const size_t row = r + i * plane_rows;
+          __m512 l, iv;
+          if constexpr (kChannel) {
+            l = _mm512_loadu_ps(lo + c), iv = _mm512_loadu_ps(inv + c);
+          } else {
+            l = _mm512_set1_ps(lo[row * ng + g]), iv = _mm512_set1_ps(inv[row * ng + g]);
+          }
+          const __m128i q = Codes16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + row * D + c), l), iv), fl);
+          // Codes fit W bits, so shifting 16-bit lanes moves nothing across a byte.
+          packed = _mm_or_si128(packed, _mm_sll_epi16(q, _mm_cvtsi32_si128(i * W)));
+        }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + r * D + c), packed);
+      }
+    }
+  }
+}
+
 // The plain kernels' arithmetic in the same order (min/max keep the old value on NaN as the
 // plain comparisons do; codes are (x - lo) * inv rounded to nearest even), so the bytes equal.
-// The fp16 source is converted once into float scratch (L1) that the code pass reads back.
-size_t EncodeBlockF16Avx512(const uint16_t* src, size_t rows, size_t D, size_t group, int bits, uint8_t* dst,
-                            BlockScratch& s) {
+// The source (fp16 or f32) is copied once as floats into scratch (L1) that the code pass reads back.
+template <typename T>
+size_t EncodeBlockAvx512(const T* src, size_t rows, size_t D, size_t group, int bits, uint8_t* dst, BlockScratch& s) {
   const size_t n = rows * D, m = BlockMetaCount(rows, D, group);
   const int levels = (1 << bits) - 1;
   s.Reserve(n, m);
@@ -604,30 +652,31 @@ size_t EncodeBlockF16Avx512(const uint16_t* src, size_t rows, size_t D, size_t g
   if (group == 0) {
     for (size_t c = 0; c < D; c += 128) {
       switch (std::min<size_t>(8, (D - c) / 16)) {
-        case 1: ColumnMinMaxF16Stripes<1>(src + c, x + c, rows, D, mn + c, mx + c); break;
-        case 2: ColumnMinMaxF16Stripes<2>(src + c, x + c, rows, D, mn + c, mx + c); break;
-        case 3: ColumnMinMaxF16Stripes<3>(src + c, x + c, rows, D, mn + c, mx + c); break;
-        case 4: ColumnMinMaxF16Stripes<4>(src + c, x + c, rows, D, mn + c, mx + c); break;
-        case 5: ColumnMinMaxF16Stripes<5>(src + c, x + c, rows, D, mn + c, mx + c); break;
-        case 6: ColumnMinMaxF16Stripes<6>(src + c, x + c, rows, D, mn + c, mx + c); break;
-        case 7: ColumnMinMaxF16Stripes<7>(src + c, x + c, rows, D, mn + c, mx + c); break;
-        default: ColumnMinMaxF16Stripes<8>(src + c, x + c, rows, D, mn + c, mx + c); break;
+        case 1: ColumnMinMaxStripes<1>(src + c, x + c, rows, D, mn + c, mx + c); break;
+        case 2: ColumnMinMaxStripes<2>(src + c, x + c, rows, D, mn + c, mx + c); break;
+        case 3: ColumnMinMaxStripes<3>(src + c, x + c, rows, D, mn + c, mx + c); break;
+        case 4: ColumnMinMaxStripes<4>(src + c, x + c, rows, D, mn + c, mx + c); break;
+        case 5: ColumnMinMaxStripes<5>(src + c, x + c, rows, D, mn + c, mx + c); break;
+        case 6: ColumnMinMaxStripes<6>(src + c, x + c, rows, D, mn + c, mx + c); break;
+        case 7: ColumnMinMaxStripes<7>(src + c, x + c, rows, D, mn + c, mx + c); break;
+        default: ColumnMinMaxStripes<8>(src + c, x + c, rows, D, mn + c, mx + c); break;
       }
     }
   } else {
     const size_t ng = D / group;
     // Group g's 16 partial minima/maxima (over its 16-lane stripes), folded 4 groups at a time.
     auto partial = [&](size_t base, __m512* lo, __m512* hi) {
-      *lo = LoadHalf16(src + base), *hi = *lo;
+      *lo = Load16(src + base), *hi = *lo;
       _mm512_storeu_ps(x + base, *lo);
       for (size_t c = 16; c < group; c += 16) {
-        const __m512 v = LoadHalf16(src + base + c);
+        const __m512 v = Load16(src + base + c);
         _mm512_storeu_ps(x + base + c, v);
         *lo = _mm512_min_ps(v, *lo);
         *hi = _mm512_max_ps(v, *hi);
       }
     };
     for (size_t r = 0; r < rows; ++r) {
+      PrefetchRow(src + (rows + r) * D, D);
       size_t g = 0;
       for (; g + 4 <= ng; g += 4) {
         __m512 l0, l1, l2, l3, h0, h1, h2, h3;
@@ -650,11 +699,29 @@ size_t EncodeBlockF16Avx512(const uint16_t* src, size_t rows, size_t D, size_t g
   const size_t bad =
       GroupRanges(mn, mx, m, levels, s.lo_h.data(), s.step_h.data(), s.lo.data(), s.step.data(), s.inv.data());
   if (bad < m) return bad;
-  // Validated ranges in hand, the quantise pass is the same as the unfused path's.
+  // Validated ranges in hand: single-plane widths whose rows line up with the plane quantise
+  // straight into packed bytes; the others run the unfused path's quantise and pack passes.
+  const float* lo = s.lo.data();
+  const float* inv = s.inv.data();
+  auto fused = [&](auto plane_bits) {
+    constexpr int W = decltype(plane_bits)::value;
+    if (rows % (8 / W) != 0) return false;
+    std::memcpy(dst, s.lo_h.data(), m * 2);
+    std::memcpy(dst + m * 2, s.step_h.data(), m * 2);
+    if (group == 0) QuantizePackPlane<W, true>(x, rows, D, D, lo, inv, levels, dst + m * 4);
+    else QuantizePackPlane<W, false>(x, rows, D, group, lo, inv, levels, dst + m * 4);
+    return true;
+  };
+  switch (bits) {
+    case 1: if (fused(std::integral_constant<int, 1>{})) return m; break;
+    case 2: if (fused(std::integral_constant<int, 2>{})) return m; break;
+    case 4: if (fused(std::integral_constant<int, 4>{})) return m; break;
+    case 8: if (fused(std::integral_constant<int, 8>{})) return m; break;
+  }
   if (group == 0)
-    QuantizeColumnsFast(x, rows, D, s.lo.data(), s.inv.data(), levels, s.codes.data());
+    QuantizeColumnsFast(x, rows, D, lo, inv, levels, s.codes.data());
   else
-    QuantizeRowGroupsFast(x, rows, D, group, s.lo.data(), s.inv.data(), levels, s.codes.data());
+    QuantizeRowGroupsFast(x, rows, D, group, lo, inv, levels, s.codes.data());
   WriteBlock(m, n, bits, false, dst, s);
   return m;
 }
@@ -668,8 +735,9 @@ bool PlanesAlign(size_t rows) {
                         (!(kBits & 1) || rows % 8 == 0));
 }
 
-template <int kBits, bool kChannel>
-void DecodeBlockF16Avx512(const uint8_t* src, size_t rows, size_t D, size_t group, uint16_t* dst, BlockScratch& s) {
+// Out: uint16_t (fp16 destination) or float (the f32 input of a transform stage).
+template <int kBits, bool kChannel, typename Out>
+void DecodeBlockAvx512(const uint8_t* src, size_t rows, size_t D, size_t group, Out* dst, BlockScratch& s) {
   const size_t n = rows * D, m = BlockMetaCount(rows, D, group);
   std::memcpy(s.lo_h.data(), src, m * 2);
   std::memcpy(s.step_h.data(), src + m * 2, m * 2);
@@ -688,7 +756,10 @@ void DecodeBlockF16Avx512(const uint8_t* src, size_t rows, size_t D, size_t grou
       off += n / (8 / kWidth[p]);
     }
   }
-  const bool stream = (reinterpret_cast<uintptr_t>(dst) & 63) == 0 && D % 32 == 0;
+  // Plain stores, not streaming ones: on the 2-core EPYC VM of docs/results/codec_speed.md
+  // streaming stores made this loop 20-50% slower (fp16 4-bit decode 11.7 -> 14-15.8 GB/s
+  // without them, 128 MiB block, memcpy 15-17 GB/s in the same runs).
+  constexpr bool kF32 = std::is_same_v<Out, float>;
   const size_t ng = kChannel ? 0 : D / group;
   // Local pointers: stores through __m256i may alias anything, including the scratch vectors.
   const float* lo = s.lo.data();
@@ -718,10 +789,10 @@ void DecodeBlockF16Avx512(const uint8_t* src, size_t rows, size_t D, size_t grou
         return code;
       }
     };
-    // 16 dequantised fp16 values from channel c on; c advances by 16 per call within a row
-    // (the row-group index follows without a division).
+    // 16 dequantised values from channel c on; c advances by 16 per call within a row (the
+    // row-group index follows without a division).
     size_t g = 0, g_end = group;
-    auto half16 = [&](size_t c) {
+    auto value16 = [&](size_t c) {
       __m512 l, st;
       if constexpr (kChannel) {
         l = _mm512_loadu_ps(lo + c), st = _mm512_loadu_ps(step + c);
@@ -729,17 +800,16 @@ void DecodeBlockF16Avx512(const uint8_t* src, size_t rows, size_t D, size_t grou
         if (c >= g_end) ++g, g_end += group;
         l = _mm512_set1_ps(lo[r * ng + g]), st = _mm512_set1_ps(step[r * ng + g]);
       }
-      return _mm512_cvtps_ph(_mm512_fmadd_ps(_mm512_cvtepi32_ps(codes16(c)), st, l), _MM_FROUND_TO_NEAREST_INT);
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes16(c)), st, l);
     };
-    uint16_t* out = dst + r * D;
-    if (D % 32 == 0) {
-      // Whole cache lines per streaming store: a line written in halves can leave its
-      // write-combining buffer half full, which costs a read of the line.
-      for (size_t c = 0; c < D; c += 32) {
+    auto half16 = [&](size_t c) { return _mm512_cvtps_ph(value16(c), _MM_FROUND_TO_NEAREST_INT); };
+    Out* out = dst + r * D;
+    if constexpr (kF32) {
+      for (size_t c = 0; c < D; c += 16) _mm512_storeu_ps(out + c, value16(c));
+    } else if (D % 32 == 0) {
+      for (size_t c = 0; c < D; c += 32) {  // 64-byte stores
         const __m256i a = half16(c), b = half16(c + 16);
-        const __m512i line = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-        if (stream) _mm512_stream_si512(reinterpret_cast<__m512i*>(out + c), line);
-        else _mm512_storeu_si512(out + c, line);
+        _mm512_storeu_si512(out + c, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
       }
     } else {
       for (size_t c = 0; c < D; c += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), half16(c));
@@ -748,10 +818,17 @@ void DecodeBlockF16Avx512(const uint8_t* src, size_t rows, size_t D, size_t grou
 }
 
 template <int kBits>
-bool DecodeBlockF16Fused(const uint8_t* src, size_t rows, size_t D, size_t group, uint16_t* dst, BlockScratch& s) {
+bool DecodeBlockFused(const uint8_t* src, size_t rows, size_t D, size_t group, DType dt, void* dst, BlockScratch& s) {
   if (!PlanesAlign<kBits>(rows)) return false;
-  if (group == 0) DecodeBlockF16Avx512<kBits, true>(src, rows, D, group, dst, s);
-  else DecodeBlockF16Avx512<kBits, false>(src, rows, D, group, dst, s);
+  if (dt == DType::kF16) {
+    uint16_t* o = static_cast<uint16_t*>(dst);
+    if (group == 0) DecodeBlockAvx512<kBits, true>(src, rows, D, group, o, s);
+    else DecodeBlockAvx512<kBits, false>(src, rows, D, group, o, s);
+  } else {
+    float* o = static_cast<float*>(dst);
+    if (group == 0) DecodeBlockAvx512<kBits, true>(src, rows, D, group, o, s);
+    else DecodeBlockAvx512<kBits, false>(src, rows, D, group, o, s);
+  }
   return true;
 }
 KVSERVE_END_TIER
@@ -762,8 +839,9 @@ KVSERVE_END_TIER
 size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits, uint8_t* dst,
                    BlockScratch& s) {
 #ifdef KVSERVE_QUANT_AVX512
-  if (cpu::Use(cpu::Tier::kAvx512) && dt == DType::kF16 && FusedWidthsFit(n_channel, group) && rows > 0) {
-    return EncodeBlockF16Avx512(static_cast<const uint16_t*>(src), rows, n_channel, group, bits, dst, s);
+  if (cpu::Use(cpu::Tier::kAvx512) && FusedWidthsFit(n_channel, group) && rows > 0) {
+    if (dt == DType::kF16) return EncodeBlockAvx512(static_cast<const uint16_t*>(src), rows, n_channel, group, bits, dst, s);
+    if (dt == DType::kF32) return EncodeBlockAvx512(static_cast<const float*>(src), rows, n_channel, group, bits, dst, s);
   }
 #endif
   return EncodeBlockComposed(src, dt, rows, n_channel, group, bits, dst, s, false);
@@ -772,19 +850,18 @@ size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, siz
 void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt, void* dst,
                  BlockScratch& s) {
 #ifdef KVSERVE_QUANT_AVX512
-  if (cpu::Use(cpu::Tier::kAvx512) && dt == DType::kF16 && FusedWidthsFit(n_channel, group)) {
+  if (cpu::Use(cpu::Tier::kAvx512) && (dt == DType::kF16 || dt == DType::kF32) && FusedWidthsFit(n_channel, group)) {
     s.Reserve(rows * n_channel, BlockMetaCount(rows, n_channel, group));
-    uint16_t* o = static_cast<uint16_t*>(dst);
     bool done = false;
     switch (bits) {
-      case 1: done = DecodeBlockF16Fused<1>(src, rows, n_channel, group, o, s); break;
-      case 2: done = DecodeBlockF16Fused<2>(src, rows, n_channel, group, o, s); break;
-      case 3: done = DecodeBlockF16Fused<3>(src, rows, n_channel, group, o, s); break;
-      case 4: done = DecodeBlockF16Fused<4>(src, rows, n_channel, group, o, s); break;
-      case 5: done = DecodeBlockF16Fused<5>(src, rows, n_channel, group, o, s); break;
-      case 6: done = DecodeBlockF16Fused<6>(src, rows, n_channel, group, o, s); break;
-      case 7: done = DecodeBlockF16Fused<7>(src, rows, n_channel, group, o, s); break;
-      case 8: done = DecodeBlockF16Fused<8>(src, rows, n_channel, group, o, s); break;
+      case 1: done = DecodeBlockFused<1>(src, rows, n_channel, group, dt, dst, s); break;
+      case 2: done = DecodeBlockFused<2>(src, rows, n_channel, group, dt, dst, s); break;
+      case 3: done = DecodeBlockFused<3>(src, rows, n_channel, group, dt, dst, s); break;
+      case 4: done = DecodeBlockFused<4>(src, rows, n_channel, group, dt, dst, s); break;
+      case 5: done = DecodeBlockFused<5>(src, rows, n_channel, group, dt, dst, s); break;
+      case 6: done = DecodeBlockFused<6>(src, rows, n_channel, group, dt, dst, s); break;
+      case 7: done = DecodeBlockFused<7>(src, rows, n_channel, group, dt, dst, s); break;
+      case 8: done = DecodeBlockFused<8>(src, rows, n_channel, group, dt, dst, s); break;
     }
     if (done) return;
   }

@@ -78,18 +78,18 @@ struct BlockScratch {
 };
 size_t BlockMetaCount(size_t rows, size_t n_channel, size_t group);
 size_t BlockBytes(size_t rows, size_t n_channel, size_t group, int bits);
-// Encodes a block of `dt` values. fp16 with 16-multiple widths takes the fused AVX-512 loop on
-// CPUs that have it
-// (one pass over the fp16 source for min/max, the codes from its float copy in L1);
-// everything else converts to float and runs the *Fast kernels. Returns the index of the first
+// Encodes a block of `dt` values. fp16 or f32 (a transform's output) with 16-multiple widths
+// takes the fused AVX-512 loop on CPUs that have it (one pass over the source for min/max, the
+// codes from its float copy in L1); everything else converts to float and runs the *Fast kernels. Returns the index of the first
 // group whose range does not fit fp16 metadata (its min/max are left in s.mn/s.mx), or m.
 size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits, uint8_t* dst,
                    BlockScratch& s);
-// Decodes such a block into `dt`. For fp16 the fused loop unpacks the bit planes, dequantises
-// and converts in registers, 16 values at a time (streaming stores when dst is 32-byte
-// aligned), when the block's rows line up with the planes (a multiple of 8 covers every width).
-// Call StreamFence() after the last block, before dst is handed to another thread: streaming
-// stores are weakly ordered, and fencing once per slab instead of per block keeps them flowing.
+// Decodes such a block into `dt`. For fp16 and f32 the fused loop unpacks the bit planes and
+// dequantises (and converts) in registers, 16 values at a time, when the block's rows line up
+// with the planes (a multiple of 8 covers every width).
+// Call StreamFence() after the last block, before dst is handed to another thread: the other
+// paths may use streaming stores, which are weakly ordered; fencing once per slab instead of
+// per block keeps them flowing.
 void StreamFence();
 void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt, void* dst,
                  BlockScratch& s);

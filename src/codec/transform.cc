@@ -4,8 +4,10 @@
 //   delta(anchor) — CacheGen-style: in each group of `anchor` tokens the first token is kept and
 //     the others become differences to it, shrinking ranges where neighbouring tokens are alike.
 // Both output f32 tensors of the input's shape; decoding inverts them exactly up to float error.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "codec/hadamard.h"
 #include "codec/stage.h"
@@ -14,6 +16,9 @@ namespace kvserve {
 namespace {
 
 bool PartSelected(const std::string& parts, bool is_v) { return parts == "kv" || (parts == "k") != is_v; }
+
+// Values per chunk of rows that a transform converts, transforms and stores while they are in L1.
+constexpr uint32_t kChunkValues = 4096;
 
 class RotateStage final : public Stage {
  public:
@@ -28,14 +33,18 @@ class RotateStage final : public Stage {
     out.tensor->set_token_offset(t.token_offset());
     ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
       float* dst = reinterpret_cast<float*>(out.tensor->slab_at(i));
-      ConvertToF32(t.dtype(), t.slab_at(i), dst, s.slab_numel());
-      if (!PartSelected(parts_, (i / s.n_head_kv) % 2)) return;
-      std::vector<float> sign(D);
-      Signs(seed_, ctx.first_slab + i, D, sign.data());
-      for (uint32_t tok = 0; tok < s.n_token; ++tok) {
-        float* row = dst + size_t(tok) * D;
-        for (uint32_t d = 0; d < D; ++d) row[d] *= sign[d];
-        Hadamard(row, D);
+      const bool selected = PartSelected(parts_, (i / s.n_head_kv) % 2);
+      thread_local std::vector<float> sign;
+      sign.resize(D);
+      if (selected) Signs(seed_, ctx.first_slab + i, D, sign.data());
+      // Rows in chunks that stay in L1 between the conversion and the rotation.
+      const uint32_t chunk = std::max<uint32_t>(1, kChunkValues / D);
+      const size_t es = DTypeSize(t.dtype());
+      for (uint32_t t0 = 0; t0 < s.n_token; t0 += chunk) {
+        const uint32_t rows = std::min(chunk, s.n_token - t0);
+        const size_t first = size_t(t0) * D;
+        ConvertToF32(t.dtype(), t.slab_at(i) + first * es, dst + first, size_t(rows) * D);
+        if (selected) RotateRows(dst + first, rows, D, sign.data(), false);
       }
     });
     return Status::Ok();
@@ -47,17 +56,20 @@ class RotateStage final : public Stage {
     const uint32_t D = s.head_dim;
     if (!(t.shape() == s) || (D & (D - 1))) return Status::Corrupt("rotate input does not match the frame's shape");
     ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
-      std::vector<float> buf(s.slab_numel()), sign(D);
-      ConvertToF32(t.dtype(), t.slab_at(i), buf.data(), buf.size());
-      if (PartSelected(parts_, (i / s.n_head_kv) % 2)) {
-        Signs(seed_, ctx.first_slab + i, D, sign.data());
-        for (uint32_t tok = 0; tok < s.n_token; ++tok) {
-          float* row = buf.data() + size_t(tok) * D;
-          Hadamard(row, D);
-          for (uint32_t d = 0; d < D; ++d) row[d] *= sign[d];
-        }
+      const bool selected = PartSelected(parts_, (i / s.n_head_kv) % 2);
+      thread_local std::vector<float> buf, sign;
+      sign.resize(D);
+      if (selected) Signs(seed_, ctx.first_slab + i, D, sign.data());
+      const uint32_t chunk = std::max<uint32_t>(1, kChunkValues / D);
+      buf.resize(size_t(chunk) * D);
+      const size_t in_es = DTypeSize(t.dtype()), out_es = DTypeSize(out.tensor->dtype());
+      for (uint32_t t0 = 0; t0 < s.n_token; t0 += chunk) {
+        const uint32_t rows = std::min(chunk, s.n_token - t0);
+        const size_t first = size_t(t0) * D, n = size_t(rows) * D;
+        ConvertToF32(t.dtype(), t.slab_at(i) + first * in_es, buf.data(), n);
+        if (selected) RotateRows(buf.data(), rows, D, sign.data(), true);
+        ConvertFromF32(out.tensor->dtype(), buf.data(), out.tensor->slab_at(i) + first * out_es, n);
       }
-      ConvertFromF32(out.tensor->dtype(), buf.data(), out.tensor->slab_at(i), buf.size());
     });
     return Status::Ok();
   }
@@ -79,12 +91,18 @@ class DeltaStage final : public Stage {
     const uint32_t D = s.head_dim;
     ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
       float* x = reinterpret_cast<float*>(out.tensor->slab_at(i));
-      ConvertToF32(t.dtype(), t.slab_at(i), x, s.slab_numel());
-      if (!PartSelected(parts_, (i / s.n_head_kv) % 2)) return;
+      const size_t es = DTypeSize(t.dtype());
+      if (!PartSelected(parts_, (i / s.n_head_kv) % 2)) {
+        ConvertToF32(t.dtype(), t.slab_at(i), x, s.slab_numel());
+        return;
+      }
+      // Group by group, so the rows are still in L1 when their anchor is subtracted.
       for (uint32_t g = 0; g < s.n_token; g += anchor_) {
-        const float* a = x + size_t(g) * D;
-        for (uint32_t tok = g + 1; tok < std::min(s.n_token, g + anchor_); ++tok) {
-          float* row = x + size_t(tok) * D;
+        const uint32_t rows = std::min(anchor_, s.n_token - g);
+        float* a = x + size_t(g) * D;
+        ConvertToF32(t.dtype(), t.slab_at(i) + size_t(g) * D * es, a, size_t(rows) * D);
+        for (uint32_t r = 1; r < rows; ++r) {
+          float* row = a + size_t(r) * D;
           for (uint32_t d = 0; d < D; ++d) row[d] -= a[d];
         }
       }
@@ -98,18 +116,24 @@ class DeltaStage final : public Stage {
     if (!(t.shape() == s)) return Status::Corrupt("delta input does not match the frame's shape");
     const uint32_t D = s.head_dim;
     ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
-      std::vector<float> x(s.slab_numel());
-      ConvertToF32(t.dtype(), t.slab_at(i), x.data(), x.size());
-      if (PartSelected(parts_, (i / s.n_head_kv) % 2)) {
-        for (uint32_t g = 0; g < s.n_token; g += anchor_) {
-          const float* a = x.data() + size_t(g) * D;
-          for (uint32_t tok = g + 1; tok < std::min(s.n_token, g + anchor_); ++tok) {
-            float* row = x.data() + size_t(tok) * D;
-            for (uint32_t d = 0; d < D; ++d) row[d] += a[d];
+      const bool selected = PartSelected(parts_, (i / s.n_head_kv) % 2);
+      // One anchor group at a time (or L1-sized chunks when nothing is restored).
+      const uint32_t chunk = selected ? anchor_ : std::max<uint32_t>(1, kChunkValues / D);
+      thread_local std::vector<float> x;
+      x.resize(size_t(chunk) * D);
+      const size_t in_es = DTypeSize(t.dtype()), out_es = DTypeSize(out.tensor->dtype());
+      for (uint32_t g = 0; g < s.n_token; g += chunk) {
+        const uint32_t rows = std::min(chunk, s.n_token - g);
+        const size_t first = size_t(g) * D, n = size_t(rows) * D;
+        ConvertToF32(t.dtype(), t.slab_at(i) + first * in_es, x.data(), n);
+        if (selected) {
+          for (uint32_t r = 1; r < rows; ++r) {
+            float* row = x.data() + size_t(r) * D;
+            for (uint32_t d = 0; d < D; ++d) row[d] += x[d];
           }
         }
+        ConvertFromF32(out.tensor->dtype(), x.data(), out.tensor->slab_at(i) + first * out_es, n);
       }
-      ConvertFromF32(out.tensor->dtype(), x.data(), out.tensor->slab_at(i), x.size());
     });
     return Status::Ok();
   }

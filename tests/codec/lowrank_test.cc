@@ -4,13 +4,16 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 
 #include "kvserve/calib.h"
 #include "kvserve/codec.h"
+#include "kvserve/frame.h"
 #include "kvserve/synth.h"
 
 namespace kvserve {
@@ -82,6 +85,42 @@ TEST_F(LowRank, ComposesWithQuantisers) {
   ASSERT_TRUE(Dec(Enc(test_, pruned).value(), &out).ok()) << pruned;
   EXPECT_EQ(out.shape().head_dim, 16u);
   EXPECT_LT(out.shape().n_token, 90u);
+}
+
+TEST_F(LowRank, TiledLoopsEqualThePlainProjectionAndReconstruction) {
+  // Ranks on and off the 16-wide tiles, 90 tokens (a partial tile of 4 at the end).
+  const uint32_t D = 16;
+  for (uint32_t rank : {16u, 12u, 3u}) {
+    const ByteBuffer f = Enc(test_, Spec(rank)).value();
+    const uint8_t* coeffs = ParseFrame(f).value().payload.data() + 1;  // raw f32 after the dtype byte
+    KvBlock out;
+    ASSERT_TRUE(Dec(f, &out).ok());
+    for (uint32_t l = 0; l < 2; ++l)
+      for (KvPart part : {KvPart::kKey, KvPart::kValue})
+        for (uint32_t h = 0; h < 2; ++h) {
+          const uint64_t sl = (uint64_t(l) * 2 + (part == KvPart::kValue)) * 2 + h;
+          const float* mean = &basis_.mean[sl * D];
+          const float* B = &basis_.basis[sl * D * D];
+          for (uint32_t t = 0; t < 90; ++t) {
+            std::vector<double> c(rank);
+            for (uint32_t j = 0; j < rank; ++j) {
+              for (uint32_t d = 0; d < D; ++d) c[j] += double(test_.Get(l, part, h, t, d) - mean[d]) * B[d * D + j];
+              float got;
+              std::memcpy(&got, coeffs + ((sl * 90 + t) * rank + j) * 4, 4);
+              ASSERT_NEAR(got, c[j], 1e-4 * (1 + std::fabs(c[j]))) << "rank " << rank << " slab " << sl << " token " << t;
+            }
+            for (uint32_t d = 0; d < D; ++d) {
+              double x = mean[d];
+              for (uint32_t j = 0; j < rank; ++j) {
+                float cj;
+                std::memcpy(&cj, coeffs + ((sl * 90 + t) * rank + j) * 4, 4);
+                x += double(cj) * B[d * D + j];
+              }
+              ASSERT_NEAR(out.Get(l, part, h, t, d), x, 1e-4 * (1 + std::fabs(x))) << "rank " << rank << " token " << t;
+            }
+          }
+        }
+  }
 }
 
 TEST_F(LowRank, MissingMismatchedOrDamagedBasisIsAClearError) {

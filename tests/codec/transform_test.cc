@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "simd_test_util.h"
 #include "codec/frame_test_util.h"
 #include "codec/hadamard.h"
 #include "kvserve/codec.h"
@@ -34,15 +35,37 @@ TEST(Rotate, InverseIsExactUpToFloatError) {
   }
 }
 
-TEST(Hadamard, FixedSizeKernelsMatchTheRuntimeSizeReference) {
-  for (uint32_t n : {8u, 16u, 32u, 64u, 128u, 256u}) {
-    std::vector<float> a(n), b(n);
-    for (uint32_t i = 0; i < n; ++i) a[i] = b[i] = std::sin(float(i) * 1.7f) * float(1 + i % 5);
+using HadamardTiers = testing::SimdTier;
+
+TEST_P(HadamardTiers, KernelsMatchTheRuntimeSizeReferenceBitForBit) {
+  testing::ReportSimdPath("hadamard", cpu::Use(cpu::Tier::kAvx512), "AVX-512 in registers", "plain loops");
+  for (uint32_t n : {2u, 4u, 8u, 16u, 32u, 64u, 128u, 256u, 512u}) {
+    const size_t rows = 5;
+    std::vector<float> a(n * rows), b, sign(n);
+    for (uint32_t i = 0; i < n * rows; ++i) a[i] = std::sin(float(i) * 1.7f) * float(1 + i % 5);
+    for (uint32_t i = 0; i < n; ++i) sign[i] = (i * 7 + 3) % 5 < 2 ? -1.0f : 1.0f;
+    b = a;
     Hadamard(a.data(), n);
     HadamardN<0>(b.data(), n);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0) << n;
+    // The fused rotation of several rows, both ways, against its steps one by one.
+    for (bool inverse : {false, true}) {
+      std::vector<float> fused = a, steps = a;
+      RotateRows(fused.data(), rows, n, sign.data(), inverse);
+      for (size_t r = 0; r < rows; ++r) {
+        float* row = steps.data() + r * n;
+        if (!inverse)
+          for (uint32_t d = 0; d < n; ++d) row[d] *= sign[d];
+        HadamardN<0>(row, n);
+        if (inverse)
+          for (uint32_t d = 0; d < n; ++d) row[d] *= sign[d];
+      }
+      EXPECT_EQ(std::memcmp(fused.data(), steps.data(), fused.size() * sizeof(float)), 0)
+          << n << (inverse ? " inverse" : " forward");
+    }
   }
 }
+INSTANTIATE_TEST_SUITE_P(Tiers, HadamardTiers, testing::AllTiers(), testing::TierParamName);
 
 TEST(Rotate, IsOrthonormalAndSpreadsOutliers) {
   // One head with a single huge channel: after rotation every channel carries 1/sqrt(D) of it.
