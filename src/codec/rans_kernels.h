@@ -79,7 +79,9 @@ void EncodeRun(EncoderState& st, const Run& run, const uint32_t* rcp, uint32_t n
 // without writing the predicted symbols. Alphabets up to 16 count in byte accumulators laid out
 // [value][channel], one compare per value and row, which vectorise over channels; they are
 // widened before they can wrap and added to the counts when the counter goes, once per context,
-// since a context's sections are short (one quantisation block each). Larger alphabets
+// since a context's sections are short (one quantisation block each). With AVX-512 and rows of a
+// multiple of 64 channels, a section's rows count into accumulators held in registers and
+// stored once (the vectorised compares over memory cost a load and a store per value). Larger alphabets
 // increment the counters directly. Null cnt or cnt_pred: that variant is not counted.
 class ContextCounter {
  public:
@@ -92,6 +94,7 @@ class ContextCounter {
 
  private:
   void AddRow(uint8_t* to, const uint8_t* row) const;
+  void CountTail(const uint8_t* sym, uint32_t n, uint32_t rows);  // a partial last row
   void Widen();
 
   const uint32_t C_, A_;

@@ -163,7 +163,10 @@ TEST(RansKernels, TruncatedStreamIsReported) {
 // The counter (byte accumulators for small alphabets, widened past 255 rows) against direct
 // increments, over many sections of one context: short and long sections, partial last rows,
 // one channel and wide rows, either variant alone, every alphabet.
-TEST(RansKernels, ContextCounterMatchesReference) {
+using RansCounterTiers = testing::SimdTier;
+TEST_P(RansCounterTiers, ContextCounterMatchesReference) {
+  testing::ReportSimdPath("rans counter", cpu::Use(cpu::Tier::kAvx512), "AVX-512 register accumulators",
+                          "vectorised loops over memory");
   std::mt19937 rng(11);
   for (int bits = 1; bits <= 8; ++bits) {
     for (uint32_t C : {1u, 8u, 64u, 128u, 200u}) {
@@ -192,6 +195,9 @@ TEST(RansKernels, ContextCounterMatchesReference) {
 
 // rans has SIMD kernels at the avx512 tier only; below it the scalar loop is the reference itself.
 INSTANTIATE_TEST_SUITE_P(Tiers, RansKernelTiers, ::testing::Values(cpu::Tier::kAvx512), testing::TierParamName);
+// The counter has a plain path below avx512 and a register-accumulator one at it.
+INSTANTIATE_TEST_SUITE_P(Tiers, RansCounterTiers, ::testing::Values(cpu::Tier::kBaseline, cpu::Tier::kAvx512),
+                         testing::TierParamName);
 
 }  // namespace
 }  // namespace kvserve::rans
