@@ -82,6 +82,12 @@ struct Layout {
   uint64_t code_bytes = 0;              // packed code bytes of all code sections
 };
 
+// The kernels' view of a context's tables in `entries` (laid out by table_offset): contiguous,
+// 2^bits entries apart, or stride 0 for one shared table.
+rans::Run RunOf(const Layout& L, const Context& c, const uint32_t* entries) {
+  return rans::Run{entries + L.table_offset[c.first_table], c.per_channel ? 1u << c.bits : 0, c.n_channel, c.bits};
+}
+
 void AddTables(Layout& L, Context& c) {
   c.first_table = uint32_t(L.table_bits.size());
   for (uint32_t k = 0; k < c.n_channel; ++k) {
@@ -392,6 +398,7 @@ class RansStage final : public Stage {
     // Pass 1, one code context per task: counts with and without prediction, the choice they
     // lead to and its tables (contexts own disjoint table slots).
     std::vector<uint8_t> flags(L.code.size()), coded(L.half.size());
+    std::vector<std::vector<uint32_t>> lane_tables(L.code.size());  // the encoder's, where they apply
     ParallelFor(ctx.pool, L.code.size(), [&](uint64_t k) {
       Context& c = L.code[k];
       const uint32_t o0 = L.table_offset[c.first_table];
@@ -408,6 +415,7 @@ class RansStage final : public Stage {
       }
       flags[k] = ChooseTables(c, &counts[o0], pred.data(), per_channel_, predict_);
       for (uint32_t t = c.first_table; t < c.first_table + c.n_tables(); ++t) build_table(t);
+      lane_tables[k] = rans::EncodeLaneTables(RunOf(L, c, entries.data()), &rcp[o0]);
     });
     std::vector<uint8_t> sym;
     for (size_t k = 0; k < L.half.size(); ++k) {
@@ -450,10 +458,9 @@ class RansStage final : public Stage {
         if (run.half) HalfSymbols(c, secs, payload, sym);
         else CodeSymbols(secs[run.index], payload, flags[L.context_of[run.index]] & kPredicted, sym);
         for (size_t j = run.n; j < sym.size(); ++j) sym[j] = likeliest[c.first_table + (c.per_channel ? j % c.n_channel : 0)];
-        // A context's tables are contiguous, 2^bits entries apart (stride 0: one shared table).
-        const uint32_t o0 = L.table_offset[c.first_table];
-        const rans::Run rr{&entries[o0], c.per_channel ? 1u << c.bits : 0, c.n_channel, c.bits};
-        rans::EncodeRun(e, rr, &rcp[o0], uint32_t(sym.size()), sym.data());
+        static const std::vector<uint32_t> kNone;
+        rans::EncodeRun(e, RunOf(L, c, entries.data()), &rcp[L.table_offset[c.first_table]],
+                        run.half ? kNone : lane_tables[L.context_of[run.index]], uint32_t(sym.size()), sym.data());
       }
     });
     // Header, flags, tables, raw bytes, streams.
@@ -640,9 +647,6 @@ class RansStage final : public Stage {
       at = s.offset + SectionBytes(s);
     }
     std::memcpy(o.data() + at, raw.data() + raw_at, raw_len - raw_at);
-    auto run_of = [&](const Context& c) {
-      return rans::Run{&entries[L.table_offset[c.first_table]], c.per_channel ? 1u << c.bits : 0, c.n_channel, c.bits};
-    };
     // Lookup tables for the SIMD decoder: lane tables for small alphabets, slot tables for the
     // others where the context has enough symbols to pay for building them.
     struct Lookup {
@@ -651,7 +655,7 @@ class RansStage final : public Stage {
     };
     auto lookup_for = [&](const Context& c) {
       Lookup t;
-      const rans::Run run = run_of(c);
+      const rans::Run run = RunOf(L, c, entries.data());
       t.lanes = rans::LaneTables(run);
       if (t.lanes.empty() && uint64_t(c.n_tables()) * kProbScale <= c.n_symbols) t.slots = rans::SlotTables(run);
       return t;
@@ -670,7 +674,7 @@ class RansStage final : public Stage {
         if (run.half) half_lookup = lookup_for(c);
         const Lookup& t = run.half ? half_lookup : code_lookup[L.context_of[run.index]];
         sym.resize(Padded(run.n));
-        if (!rans::DecodeRun(st, run_of(c), t.lanes, t.slots, uint32_t(sym.size()), sym.data())) {
+        if (!rans::DecodeRun(st, RunOf(L, c, entries.data()), t.lanes, t.slots, uint32_t(sym.size()), sym.data())) {
           errors[k] = Status::Corrupt("rans stream " + std::to_string(k) + " ends early");
           return;
         }

@@ -53,6 +53,24 @@ std::vector<uint32_t> LaneTables(const Run& r) {
   return t;
 }
 
+std::vector<uint32_t> EncodeLaneTables(const Run& r, const uint32_t* rcp) {
+  const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel;
+  if (r.bits > 4 || (16 % C != 0 && C % 16 != 0)) return {};
+  const uint32_t A = 1u << r.bits, n_block = C % 16 == 0 ? C / 16 : 1;
+  std::vector<uint32_t> t(size_t(n_block) * 2 * A * 16);
+  for (uint32_t b = 0; b < n_block; ++b) {
+    uint32_t* block = &t[size_t(b) * 2 * A * 16];
+    for (uint32_t l = 0; l < 16; ++l) {
+      const size_t table = size_t((b * 16 + l) % C) * r.table_stride;
+      for (uint32_t s = 0; s < A; ++s) {
+        block[s * 16 + l] = r.entries[table + s];
+        block[(A + s) * 16 + l] = rcp[table + s];
+      }
+    }
+  }
+  return t;
+}
+
 std::vector<uint8_t> SlotTables(const Run& r) {
   const uint32_t n_tables = r.table_stride == 0 ? 1 : r.n_channel, A = 1u << r.bits;
   std::vector<uint8_t> t(size_t(n_tables) * kProbScale + 4, 0);
@@ -182,6 +200,61 @@ void EncodeRunAvx512(EncoderState& st, const Run& r, const uint32_t* rcp, uint32
   _mm512_storeu_si512(st.x + 16, x1);
   st.ptr = ptr;
 }
+
+// Lane l's entry and reciprocal for its symbol s_l from a block of lane tables (see
+// EncodeLaneTables): two-source permutes pick T[2k + (s & 1)][l] for each pair k of symbols,
+// then blends on the higher bits of s choose among the pairs. In registers, instead of gathers.
+template <uint32_t A>
+inline void LookupLanes(const uint32_t* block, __m512i s, __m512i& e, __m512i& rcp) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i idx = _mm512_or_si512(lane, _mm512_slli_epi32(_mm512_and_si512(s, _mm512_set1_epi32(1)), 4));
+  constexpr uint32_t P = A / 2;  // pairs
+  __m512i ce[P], cr[P];
+  for (uint32_t k = 0; k < P; ++k) {
+    const uint32_t* te = block + 2 * k * 16;
+    const uint32_t* tr = block + (A + 2 * k) * 16;
+    ce[k] = _mm512_permutex2var_epi32(_mm512_loadu_si512(te), idx, _mm512_loadu_si512(te + 16));
+    cr[k] = _mm512_permutex2var_epi32(_mm512_loadu_si512(tr), idx, _mm512_loadu_si512(tr + 16));
+  }
+  for (uint32_t bit = 2, width = P; width > 1; bit <<= 1, width /= 2) {
+    const __mmask16 m = _mm512_test_epi32_mask(s, _mm512_set1_epi32(int(bit)));
+    for (uint32_t i = 0; i < width / 2; ++i) {
+      ce[i] = _mm512_mask_blend_epi32(m, ce[2 * i], ce[2 * i + 1]);
+      cr[i] = _mm512_mask_blend_epi32(m, cr[2 * i], cr[2 * i + 1]);
+    }
+  }
+  e = ce[0];
+  rcp = cr[0];
+}
+
+// EncodeRunAvx512 with lookups in lane tables. Each vector's 16 lanes are one block of 16
+// channels (C a multiple of 16), or repeat the C channels (C divides 16, or one shared table).
+template <uint32_t A>
+void EncodeRunLanesAvx512(EncoderState& st, const Run& r, const uint32_t* lane_tables, uint32_t n, const uint8_t* sym) {
+  if (n == 0) return;
+  const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel;
+  const bool blocks = C % 16 == 0;
+  const size_t block_words = size_t(2) * A * 16;
+  uint32_t c0 = blocks ? (n - kLanes) % C : 0;  // channel of the last group's lane 0
+  const uint32_t back = blocks ? kLanes % C : 0;
+  __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
+  uint8_t* ptr = st.ptr;
+  for (uint32_t g = n; g > 0; g -= kLanes) {
+    const uint8_t* group = sym + g - kLanes;
+    const uint32_t c1 = blocks ? (c0 + 16 == C ? 0 : c0 + 16) : 0;
+    const __m512i s0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
+    const __m512i s1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16)));
+    __m512i e0, r0, e1, r1;
+    LookupLanes<A>(lane_tables + (c0 / 16) * block_words, s0, e0, r0);
+    LookupLanes<A>(lane_tables + (c1 / 16) * block_words, s1, e1, r1);
+    EncodeVector(x1, ptr, e1, r1);  // lanes 31..16 flush above lanes 15..0
+    EncodeVector(x0, ptr, e0, r0);
+    if (blocks) c0 = c0 >= back ? c0 - back : c0 + C - back;
+  }
+  _mm512_storeu_si512(st.x, x0);
+  _mm512_storeu_si512(st.x + 16, x1);
+  st.ptr = ptr;
+}
 }  // namespace
 KVSERVE_END_TIER
 #endif
@@ -194,9 +267,18 @@ bool HaveSimdEncoder() {
 #endif
 }
 
-void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
+void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, const std::vector<uint32_t>& lane_tables,
+               uint32_t n, const uint8_t* sym) {
 #if KVSERVE_RANS_AVX512
-  if (cpu::Use(cpu::Tier::kAvx512)) return EncodeRunAvx512(st, r, rcp, n, sym);
+  if (cpu::Use(cpu::Tier::kAvx512)) {
+    if (lane_tables.empty()) return EncodeRunAvx512(st, r, rcp, n, sym);
+    switch (r.bits) {
+      case 1: return EncodeRunLanesAvx512<2>(st, r, lane_tables.data(), n, sym);
+      case 2: return EncodeRunLanesAvx512<4>(st, r, lane_tables.data(), n, sym);
+      case 3: return EncodeRunLanesAvx512<8>(st, r, lane_tables.data(), n, sym);
+      default: return EncodeRunLanesAvx512<16>(st, r, lane_tables.data(), n, sym);  // bits <= 4
+    }
+  }
 #endif
   EncodeRunScalar(st, r, rcp, n, sym);
 }

@@ -70,8 +70,15 @@ struct EncoderState {
 // Encodes a run's symbols (a multiple of kLanes) backwards — the last group first, lanes from
 // 31 down — so that DecodeRun reads them forwards. `rcp` is laid out like `run.entries`.
 void EncodeRunScalar(EncoderState& st, const Run& run, const uint32_t* rcp, uint32_t n, const uint8_t* sym);
-// The same stream with AVX-512 where the CPU has it (16 lanes per vector, compress-stored words).
-void EncodeRun(EncoderState& st, const Run& run, const uint32_t* rcp, uint32_t n, const uint8_t* sym);
+// For the runs LaneTables takes (bits <= 4, channels aligned with 16-lane vectors): per block of
+// 16 lanes, the entries then the reciprocals laid out [symbol][lane], so the encoder picks each
+// lane's pair with permutes instead of gathers. Empty when the run does not qualify. Build once
+// per set of tables: runs of one context share them.
+std::vector<uint32_t> EncodeLaneTables(const Run& run, const uint32_t* rcp);
+// The same stream with AVX-512 where the CPU has it (16 lanes per vector, compress-stored words;
+// lookups in `lane_tables` where given, else gathers).
+void EncodeRun(EncoderState& st, const Run& run, const uint32_t* rcp, const std::vector<uint32_t>& lane_tables,
+               uint32_t n, const uint8_t* sym);
 
 // Per-channel symbol counts of one code context (cnt[ch * 2^bits + s]) and, where cnt_pred is
 // given, those of its predicted symbols (each code minus the same channel's code one row
