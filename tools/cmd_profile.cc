@@ -22,6 +22,7 @@ struct RunFlags {
   std::string space_path, out, mode = "ehvi";
   uint32_t budget = 40, n_init = 0, speed_tokens = 128;
   int speed_runs = 3;
+  uint32_t speed_threads = 1;
   double floor = 0.97;
   uint64_t search_seed = 1;
   bool as_json = false;
@@ -41,8 +42,8 @@ std::string Fmt(const char* f, double v) {
 void PrintProfile(const Profile& p) {
   std::printf("profile of %s (sha256 %.16s…), %s search, %zu of %zu candidates evaluated, floor %.3f\n",
               p.model.c_str(), p.model_sha256.c_str(), p.mode.c_str(), p.log.size(), p.candidates.size(), p.floor);
-  std::printf("machine: %s\nhypervolume %.4g (reference: quality %.3f, ratio 1, speed 0)\n\n", p.machine.c_str(),
-              p.hypervolume, p.floor);
+  std::printf("machine: %s; speeds with %u codec thread%s\nhypervolume %.4g (reference: quality %.3f, ratio 1, speed 0)\n\n",
+              p.machine.c_str(), p.speed_threads, p.speed_threads == 1 ? "" : "s", p.hypervolume, p.floor);
   std::printf("%-12s %7s %7s %8s %7s %8s %8s  %s\n", "bucket", "quality", "±se", "kl", "ratio", "enc GB/s", "dec GB/s",
               "strategy");
   for (const ProfileEntry& e : p.pareto)
@@ -66,6 +67,7 @@ Status DoRun(const RunFlags& f, bool grid) {
   o.bo.n_init = f.n_init;
   o.speed_tokens = f.speed_tokens;
   o.speed_runs = f.speed_runs;
+  o.speed_threads = f.speed_threads;
   o.out = f.out;
   o.codec_env = Codec();
   std::fprintf(stderr, "%s: %zu candidates, %s\n", grid ? "grid" : "profile", space.candidates().size(),
@@ -111,6 +113,9 @@ void AddRunFlags(CLI::App* c, RunFlags* f, bool grid) {
   c->add_option("--speed-tokens", f->speed_tokens, "tokens of the llama3-8b block the codec speed is measured on")
       ->capture_default_str()->check(InRange(1, 65536));
   c->add_option("--speed-runs", f->speed_runs, "runs per speed measurement (median)")->capture_default_str()->check(InRange(1, 1000));
+  c->add_option("--speed-threads", f->speed_threads,
+                "codec threads the speeds are measured with: the nodes' --threads, which the controller's latency model assumes")
+      ->capture_default_str()->check(InRange(1, 256));
   c->add_option("-o,--output", f->out, "profile file; written after every evaluation, resumed if it exists")
       ->required(grid)->check(OutputPath());
   c->add_flag("--json", f->as_json, "print the profile as JSON");

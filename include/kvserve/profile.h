@@ -107,6 +107,9 @@ struct Profile {
   std::string model, model_sha256;
   uint64_t eval_seed = 1;
   std::string machine;
+  // Codec threads the speeds were measured with: the nodes' --threads (default 1) should match,
+  // or the controller's latency model is off by their scaling.
+  uint32_t speed_threads = 1;
   std::string space_json;  // the space, as a JSON text
   std::string mode;
   uint32_t budget = 0;
@@ -138,6 +141,7 @@ struct ProfileRunOptions {
   bool grid = false;           // evaluate every candidate, in order (bo.mode/budget ignored)
   uint32_t speed_tokens = 128;  // llama3-8b synthetic block of this many tokens for codec speed
   int speed_runs = 3;           // median of this many encode/decode runs
+  uint32_t speed_threads = 1;   // codec threads of the speed measurement (the nodes' --threads)
   uint32_t ratio_contexts = 4;  // prompt KVs of the evaluation set encoded for the ratio
   std::string out;              // written after every evaluation; an existing run there resumes
   CodecEnv codec_env;           // for the candidates' pipelines (lowrank bases)

@@ -140,6 +140,7 @@ std::string ProfileToJson(const Profile& p) {
   j["model_sha256"] = p.model_sha256;
   j["eval_seed"] = p.eval_seed;
   j["machine"] = p.machine;
+  j["speed_threads"] = p.speed_threads;
   j["mode"] = p.mode;
   j["budget"] = p.budget;
   j["seed"] = p.seed;
@@ -190,6 +191,9 @@ Result<Profile> ProfileFromJson(std::string_view text, std::string_view origin, 
   KV_RETURN_IF_ERROR(Get(origin, j, "", "model", &p.model, false));
   KV_RETURN_IF_ERROR(Get(origin, j, "", "eval_seed", &p.eval_seed, false));
   KV_RETURN_IF_ERROR(Get(origin, j, "", "machine", &p.machine, false));
+  KV_RETURN_IF_ERROR(Get(origin, j, "", "speed_threads", &p.speed_threads, false));  // absent: 1, as before
+  if (p.speed_threads < 1 || p.speed_threads > 256)
+    return FieldError(origin, "speed_threads", "want codec threads in [1, 256]; got " + std::to_string(p.speed_threads));
   KV_RETURN_IF_ERROR(Get(origin, j, "", "mode", &p.mode, false));
   KV_RETURN_IF_ERROR(Get(origin, j, "", "budget", &p.budget, false));
   KV_RETURN_IF_ERROR(Get(origin, j, "", "seed", &p.seed, false));

@@ -3,6 +3,7 @@
 // Bayesian search (or all of them, for the grid), checkpointed to the profile file after each.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -30,6 +31,8 @@ Status CheckResumable(const Profile& old, const Profile& now, const std::string&
   if (old.seed != now.seed) return refuse("seed (" + std::to_string(old.seed) + ")");
   if (old.floor != now.floor) return refuse("floor (" + std::to_string(old.floor) + ")");
   if (old.eval_seed != now.eval_seed) return refuse("evaluation seed");
+  if (old.speed_threads != now.speed_threads)
+    return refuse("codec thread count for speeds (" + std::to_string(old.speed_threads) + ")");
   if (old.candidates.size() != now.candidates.size()) return refuse("candidate list");
   for (size_t i = 0; i < old.candidates.size(); ++i)
     if (old.candidates[i].spec != now.candidates[i].spec) return refuse("candidate list");
@@ -45,6 +48,7 @@ Result<Profile> RunProfile(Evaluator& ev, const SearchSpace& space, const Profil
   p.model_sha256 = ev.model().sha256;
   p.eval_seed = ev.eval_set().seed;
   p.machine = MachineDescription();
+  p.speed_threads = std::max<uint32_t>(1, opts.speed_threads);
   p.space_json = space.json();
   p.mode = opts.grid ? "grid" : SearchModeName(opts.bo.mode);
   p.budget = opts.grid ? uint32_t(space.candidates().size()) : std::min<uint32_t>(opts.bo.budget, space.candidates().size());
@@ -81,6 +85,7 @@ Result<Profile> RunProfile(Evaluator& ev, const SearchSpace& space, const Profil
     const uint32_t n_ctx = std::max<uint32_t>(1, std::min<uint32_t>(opts.ratio_contexts, ev.eval_set().contexts.size()));
     BenchOptions bo;
     bo.runs = std::max(1, opts.speed_runs);
+    bo.threads = int(p.speed_threads);
     bo.env = opts.codec_env;
     for (size_t i = 0; i < p.candidates.size(); ++i) {
       BoCandidate& c = p.candidates[i];

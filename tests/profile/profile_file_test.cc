@@ -50,6 +50,20 @@ TEST(ProfileFile, RoundTrips) {
   EXPECT_EQ(ProfileToJson(q), ProfileToJson(p));
 }
 
+TEST(ProfileFile, RecordsTheCodecThreadsOfItsSpeeds) {
+  Profile p = Sample();
+  p.speed_threads = 2;
+  nlohmann::json j = nlohmann::json::parse(ProfileToJson(p));
+  EXPECT_EQ(j["speed_threads"], 2);
+  EXPECT_EQ(ProfileFromJson(j.dump()).value().speed_threads, 2u);
+  j.erase("speed_threads");  // files written before the field: speeds of one thread
+  EXPECT_EQ(ProfileFromJson(j.dump()).value().speed_threads, 1u);
+  j["speed_threads"] = 0;
+  auto bad = ProfileFromJson(j.dump(), "p.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("speed_threads"), std::string::npos) << bad.status().ToString();
+}
+
 TEST(ProfileFile, BucketsFollowTheProfileLibrary) {
   EXPECT_STREQ(QualityBucket(0.5), "[0,0.96)");
   EXPECT_STREQ(QualityBucket(0.96), "[0.96,0.99)");

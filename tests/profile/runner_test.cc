@@ -76,6 +76,13 @@ TEST_F(RunnerTest, WritesAProfileAndResumes) {
   auto refused = RunProfile(*ev_, space, other);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("seed"), std::string::npos) << refused.status().ToString();
+  // Speeds measured with another codec thread count are not mixed either.
+  ProfileRunOptions threads = Options(b, 3);
+  threads.speed_threads = 2;
+  refused = RunProfile(*ev_, space, threads);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("codec thread count"), std::string::npos) << refused.status().ToString();
+  EXPECT_EQ(resumed.value().speed_threads, 1u);
 }
 
 }  // namespace
