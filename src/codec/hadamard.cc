@@ -52,17 +52,17 @@ inline __m512 ButterflyIn(__m512 v, __m512 t, __mmask16 second) {
 // Vectors of K * 16 values, all in registers: four in-register stages, then log2(K) stages
 // across registers, then the scale.
 template <int K>
-void RotateRowsAvx512(float* x, size_t rows, const float* sign, int mode) {  // mode: 0 none, 1 fwd, 2 inv
+void RotateRowsAvx512(float* x, size_t rows, const float* sign, bool inverse) {
   constexpr uint32_t n = K * 16;
   const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(float(n)));
   __m512 sg[K];
-  for (int k = 0; k < K; ++k) sg[k] = mode ? _mm512_loadu_ps(sign + 16 * k) : _mm512_set1_ps(1.0f);
+  for (int k = 0; k < K; ++k) sg[k] = _mm512_loadu_ps(sign + 16 * k);
   for (size_t r = 0; r < rows; ++r) {
     float* row = x + r * n;
     __m512 v[K];
     for (int k = 0; k < K; ++k) {
       v[k] = _mm512_loadu_ps(row + 16 * k);
-      if (mode == 1) v[k] = _mm512_mul_ps(v[k], sg[k]);
+      if (!inverse) v[k] = _mm512_mul_ps(v[k], sg[k]);
       v[k] = ButterflyIn(v[k], _mm512_permute_ps(v[k], 0xB1), 0xAAAA);           // len 1
       v[k] = ButterflyIn(v[k], _mm512_permute_ps(v[k], 0x4E), 0xCCCC);           // len 2
       v[k] = ButterflyIn(v[k], _mm512_shuffle_f32x4(v[k], v[k], 0xB1), 0xF0F0);  // len 4
@@ -79,20 +79,20 @@ void RotateRowsAvx512(float* x, size_t rows, const float* sign, int mode) {  // 
     }
     for (int k = 0; k < K; ++k) {
       v[k] = _mm512_mul_ps(v[k], scale);
-      if (mode == 2) v[k] = _mm512_mul_ps(v[k], sg[k]);
+      if (inverse) v[k] = _mm512_mul_ps(v[k], sg[k]);
       _mm512_storeu_ps(row + 16 * k, v[k]);
     }
   }
 }
 
 // Whether the kernel ran (n from 16 to 256).
-bool RotateRowsBest(float* x, size_t rows, uint32_t n, const float* sign, int mode) {
+bool RotateRowsBest(float* x, size_t rows, uint32_t n, const float* sign, bool inverse) {
   switch (n) {
-    case 16: RotateRowsAvx512<1>(x, rows, sign, mode); return true;
-    case 32: RotateRowsAvx512<2>(x, rows, sign, mode); return true;
-    case 64: RotateRowsAvx512<4>(x, rows, sign, mode); return true;
-    case 128: RotateRowsAvx512<8>(x, rows, sign, mode); return true;
-    case 256: RotateRowsAvx512<16>(x, rows, sign, mode); return true;
+    case 16: RotateRowsAvx512<1>(x, rows, sign, inverse); return true;
+    case 32: RotateRowsAvx512<2>(x, rows, sign, inverse); return true;
+    case 64: RotateRowsAvx512<4>(x, rows, sign, inverse); return true;
+    case 128: RotateRowsAvx512<8>(x, rows, sign, inverse); return true;
+    case 256: RotateRowsAvx512<16>(x, rows, sign, inverse); return true;
     default: return false;
   }
 }
@@ -101,16 +101,9 @@ KVSERVE_END_TIER
 
 }  // namespace
 
-void Hadamard(float* x, uint32_t n) {
-#ifdef KVSERVE_HAVE_AVX512_REGION
-  if (cpu::Use(cpu::Tier::kAvx512) && RotateRowsBest(x, 1, n, nullptr, 0)) return;
-#endif
-  HadamardPlain(x, n);
-}
-
 void RotateRows(float* x, size_t rows, uint32_t n, const float* sign, bool inverse) {
 #ifdef KVSERVE_HAVE_AVX512_REGION
-  if (cpu::Use(cpu::Tier::kAvx512) && RotateRowsBest(x, rows, n, sign, inverse ? 2 : 1)) return;
+  if (cpu::Use(cpu::Tier::kAvx512) && RotateRowsBest(x, rows, n, sign, inverse)) return;
 #endif
   RotateRowsPlain(x, rows, n, sign, inverse);
 }

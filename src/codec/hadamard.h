@@ -29,13 +29,11 @@ inline void HadamardN(float* x, uint32_t n_runtime) {
   for (uint32_t j = 0; j < n; ++j) x[j] *= s;
 }
 
-// The transform of one vector, on the widest kernel the CPU runs: every path computes each
-// butterfly as the plain loops do, so all give the same bits.
-void Hadamard(float* x, uint32_t n);
-
 // `rows` consecutive vectors of n values with random signs `sign` (n of them, ±1): forward
 // multiplies each vector by the signs, then transforms (the rotation); inverse transforms, then
-// multiplies (its exact inverse up to float error). Same bits as those steps done one by one.
+// multiplies (its exact inverse up to float error). On the widest kernel the CPU runs; every
+// path computes each butterfly as the plain loops do, so all give the bits of those steps done
+// one by one with HadamardN.
 void RotateRows(float* x, size_t rows, uint32_t n, const float* sign, bool inverse);
 
 // Random ±1 signs of one (layer, part, head), from the seed: the decoder regenerates them.

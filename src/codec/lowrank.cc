@@ -19,11 +19,11 @@
 
 namespace kvserve {
 
+namespace {
 // 16 floats as one value (GCC/Clang vector extension): one AVX-512 register, or several
 // narrower ones on a baseline build.
 typedef float Lanes16 __attribute__((vector_size(64)));
 
-namespace {
 constexpr char kMagic[8] = {'K', 'V', 'L', 'R', 'B', 'A', 'S', '1'};
 
 ByteBuffer Serialize(const LowRankBasis& b) {
@@ -194,7 +194,7 @@ class LowRankStage final : public Stage {
             for (uint32_t k = 0; k < kTile; ++k) std::memcpy(c + size_t(tok + k) * r + j0, &acc[k], sizeof acc[k]);
           }
         }
-        for (uint32_t k = 0; k < nt; ++k) {  // columns past the tiles, and a last partial tile
+        for (uint32_t k = 0; k < nt && j0 < r; ++k) {  // columns past the tiles, and a last partial tile
           float* cr = c + size_t(tok + k) * r;
           const float* xr = xt + k * D;
           for (uint32_t j = j0; j < r; ++j) cr[j] = 0.0f;
@@ -249,7 +249,7 @@ class LowRankStage final : public Stage {
             for (uint32_t k = 0; k < kTile; ++k) std::memcpy(xt + k * D + d0, &acc[k], sizeof acc[k]);
           }
         }
-        for (uint32_t k = 0; k < nt; ++k) {  // values past the tiles, and a last partial tile
+        for (uint32_t k = 0; k < nt && d0 < D; ++k) {  // values past the tiles, and a last partial tile
           float* xr = xt + k * D;
           const float* btj = bt.data();
           for (uint32_t d = d0; d < D; ++d) xr[d] = mean[d];

@@ -252,8 +252,8 @@ class MixHqStage final : public Stage {
           uint8_t* out_row = codes.data() + size_t(r) * D;
           // A zero scale codes 0. The division is by a safe value and its result selected
           // after, so the loop has no conditional division and vectorises.
-          auto code = [m](float x, float sc) {
-            const float q = std::nearbyint(x / (sc > 0 ? sc : 1.0f));
+          auto code = [m](float value, float sc) {
+            const float q = std::nearbyint(value / (sc > 0 ? sc : 1.0f));
             return uint8_t(std::clamp(int(sc > 0 ? q : 0.0f), -m, m) + m);
           };
           if (v) {

@@ -41,13 +41,19 @@ TEST_P(HadamardTiers, KernelsMatchTheRuntimeSizeReferenceBitForBit) {
   testing::ReportSimdPath("hadamard", cpu::Use(cpu::Tier::kAvx512), "AVX-512 in registers", "plain loops");
   for (uint32_t n : {2u, 4u, 8u, 16u, 32u, 64u, 128u, 256u, 512u}) {
     const size_t rows = 5;
-    std::vector<float> a(n * rows), b, sign(n);
+    std::vector<float> a(n * rows), b, sign(n), ones(n, 1.0f);
     for (uint32_t i = 0; i < n * rows; ++i) a[i] = std::sin(float(i) * 1.7f) * float(1 + i % 5);
     for (uint32_t i = 0; i < n; ++i) sign[i] = (i * 7 + 3) % 5 < 2 ? -1.0f : 1.0f;
+    // The transform alone (signs all +1) and the compile-time-size loops against the reference.
     b = a;
-    Hadamard(a.data(), n);
-    HadamardN<0>(b.data(), n);
+    std::vector<float> fixed = a;
+    RotateRows(b.data(), 1, n, ones.data(), false);
+    HadamardN<0>(a.data(), n);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0) << n;
+    if (n == 128) {
+      HadamardN<128>(fixed.data(), n);
+      EXPECT_EQ(std::memcmp(a.data(), fixed.data(), n * sizeof(float)), 0);
+    }
     // The fused rotation of several rows, both ways, against its steps one by one.
     for (bool inverse : {false, true}) {
       std::vector<float> fused = a, steps = a;
