@@ -157,10 +157,13 @@ void AddNodeRoutes(httplib::Server& svr, const LlamaModel& model, LogLevel log, 
   svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
 }
 
-// The profile at `path`, or null when no path was given.
-Result<std::unique_ptr<Profile>> OptionalProfile(const std::string& path) {
+// The profile at `path`, or null when no path was given; warns when its speeds were measured
+// with another codec thread count than this node's.
+Result<std::unique_ptr<Profile>> OptionalProfile(const std::string& path, int threads, LogLevel log) {
   if (path.empty()) return std::unique_ptr<Profile>();
   KV_ASSIGN_OR_RETURN(Profile p, LoadProfile(path));
+  const std::string note = SpeedThreadsMismatch(p, threads);
+  if (!note.empty() && log != LogLevel::kQuiet) std::fprintf(stderr, "warning: %s\n", note.c_str());
   return std::make_unique<Profile>(std::move(p));
 }
 
@@ -177,7 +180,7 @@ Status RunPrefill(const PrefillFlags& f) {
   BlockStopSignals();
   const LogLevel log = ParseLogLevel(f.log_level);
   KV_ASSIGN_OR_RETURN(LlamaModel model, f.model.Load());
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile, f.threads, log));
   std::unique_ptr<LinkShaper> shaper;
   if (f.shape_gbps > 0) shaper = std::make_unique<LinkShaper>(f.shape_gbps);
   auto transport = MakeTcpTransport({.shaper = shaper.get()});
@@ -211,7 +214,7 @@ Status RunPoolServe(const PoolServeFlags& f) {
   BlockStopSignals();
   const LogLevel log = ParseLogLevel(f.log_level);
   KV_ASSIGN_OR_RETURN(LlamaModel model, f.model.Load());
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile, f.threads, log));
   if (f.policy == "adaptive" && !profile) return Status::InvalidArgument("--policy adaptive needs --profile");
   KV_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, MakePool(f.pool, f.capacity_mib << 20));
   std::unique_ptr<LinkShaper> shaper;

@@ -132,6 +132,9 @@ Result<Profile> LoadProfile(const std::string& path, std::string_view expect_sha
 Status SaveProfile(const std::string& path, const Profile& p);
 // One line naming the CPU and core count, for profile files and results.
 std::string MachineDescription();
+// Empty when the profile's speeds were measured with `node_threads` codec threads; else one
+// line saying that the controller's latency predictions assume the profile's count.
+std::string SpeedThreadsMismatch(const Profile& p, int node_threads);
 
 // ---- Profiling runs (drive the codec and the evaluator) ------------------------------------------
 class Evaluator;

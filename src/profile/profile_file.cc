@@ -133,6 +133,14 @@ void ComputeProfileFrontier(Profile* p) {
   });
 }
 
+std::string SpeedThreadsMismatch(const Profile& p, int node_threads) {
+  if (node_threads == int(p.speed_threads)) return "";
+  return "profile speeds were measured with " + std::to_string(p.speed_threads) + " codec thread(s), this node runs " +
+         std::to_string(node_threads) + ": the controller's latency predictions assume " +
+         std::to_string(p.speed_threads) + " (the bandit corrects what it observes; re-profile with --speed-threads " +
+         std::to_string(node_threads) + " to start right)";
+}
+
 std::string ProfileToJson(const Profile& p) {
   json j;
   j["version"] = p.version;

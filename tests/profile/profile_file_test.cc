@@ -58,6 +58,10 @@ TEST(ProfileFile, RecordsTheCodecThreadsOfItsSpeeds) {
   EXPECT_EQ(ProfileFromJson(j.dump()).value().speed_threads, 2u);
   j.erase("speed_threads");  // files written before the field: speeds of one thread
   EXPECT_EQ(ProfileFromJson(j.dump()).value().speed_threads, 1u);
+  EXPECT_EQ(SpeedThreadsMismatch(p, 2), "");
+  const std::string note = SpeedThreadsMismatch(p, 1);
+  EXPECT_NE(note.find("measured with 2 codec thread(s), this node runs 1"), std::string::npos) << note;
+  EXPECT_NE(note.find("--speed-threads 1"), std::string::npos) << note;
   j["speed_threads"] = 0;
   auto bad = ProfileFromJson(j.dump(), "p.json");
   ASSERT_FALSE(bad.ok());
