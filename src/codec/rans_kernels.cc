@@ -54,8 +54,9 @@ std::vector<uint32_t> LaneTables(const Run& r) {
 }
 
 std::vector<uint32_t> EncodeLaneTables(const Run& r, const uint32_t* rcp) {
-  const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel;
-  if (r.bits > 4 || (16 % C != 0 && C % 16 != 0)) return {};
+  // One shared table needs none: EncodeRun keeps it in registers.
+  const uint32_t C = r.n_channel;
+  if (r.table_stride == 0 || r.bits > 4 || (16 % C != 0 && C % 16 != 0)) return {};
   const uint32_t A = 1u << r.bits, n_block = C % 16 == 0 ? C / 16 : 1;
   std::vector<uint32_t> t(size_t(n_block) * 2 * A * 16);
   for (uint32_t b = 0; b < n_block; ++b) {
@@ -228,7 +229,7 @@ inline void LookupLanes(const uint32_t* block, __m512i s, __m512i& e, __m512i& r
 }
 
 // EncodeRunAvx512 with lookups in lane tables. Each vector's 16 lanes are one block of 16
-// channels (C a multiple of 16), or repeat the C channels (C divides 16, or one shared table).
+// channels (C a multiple of 16), or repeat the C channels (C divides 16).
 template <uint32_t A>
 void EncodeRunLanesAvx512(EncoderState& st, const Run& r, const uint32_t* lane_tables, uint32_t n, const uint8_t* sym) {
   if (n == 0) return;
@@ -255,6 +256,25 @@ void EncodeRunLanesAvx512(EncoderState& st, const Run& r, const uint32_t* lane_t
   _mm512_storeu_si512(st.x + 16, x1);
   st.ptr = ptr;
 }
+
+// Runs with one table for all channels (stride 0) and alphabets <= 16: the frequencies and
+// reciprocals sit in two registers, and every lookup is one permute.
+void EncodeRunSharedAvx512(EncoderState& st, const Run& r, const uint32_t* rcp, uint32_t n, const uint8_t* sym) {
+  const __mmask16 used = __mmask16((1u << (1u << r.bits)) - 1);
+  const __m512i te = _mm512_maskz_loadu_epi32(used, r.entries), tr = _mm512_maskz_loadu_epi32(used, rcp);
+  __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
+  uint8_t* ptr = st.ptr;
+  for (uint32_t g = n; g > 0; g -= kLanes) {
+    const uint8_t* group = sym + g - kLanes;
+    const __m512i s0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
+    const __m512i s1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16)));
+    EncodeVector(x1, ptr, _mm512_permutexvar_epi32(s1, te), _mm512_permutexvar_epi32(s1, tr));
+    EncodeVector(x0, ptr, _mm512_permutexvar_epi32(s0, te), _mm512_permutexvar_epi32(s0, tr));
+  }
+  _mm512_storeu_si512(st.x, x0);
+  _mm512_storeu_si512(st.x + 16, x1);
+  st.ptr = ptr;
+}
 }  // namespace
 KVSERVE_END_TIER
 #endif
@@ -271,6 +291,7 @@ void EncodeRun(EncoderState& st, const Run& r, const uint32_t* rcp, const std::v
                uint32_t n, const uint8_t* sym) {
 #if KVSERVE_RANS_AVX512
   if (cpu::Use(cpu::Tier::kAvx512)) {
+    if (r.table_stride == 0 && r.bits <= 4) return EncodeRunSharedAvx512(st, r, rcp, n, sym);
     if (lane_tables.empty()) return EncodeRunAvx512(st, r, rcp, n, sym);
     switch (r.bits) {
       case 1: return EncodeRunLanesAvx512<2>(st, r, lane_tables.data(), n, sym);

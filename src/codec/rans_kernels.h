@@ -70,10 +70,11 @@ struct EncoderState {
 // Encodes a run's symbols (a multiple of kLanes) backwards — the last group first, lanes from
 // 31 down — so that DecodeRun reads them forwards. `rcp` is laid out like `run.entries`.
 void EncodeRunScalar(EncoderState& st, const Run& run, const uint32_t* rcp, uint32_t n, const uint8_t* sym);
-// For the runs LaneTables takes (bits <= 4, channels aligned with 16-lane vectors): per block of
-// 16 lanes, the entries then the reciprocals laid out [symbol][lane], so the encoder picks each
-// lane's pair with permutes instead of gathers. Empty when the run does not qualify. Build once
-// per set of tables: runs of one context share them.
+// For the runs LaneTables takes with a table per channel (bits <= 4, channels aligned with
+// 16-lane vectors): per block of 16 lanes, the entries then the reciprocals laid out
+// [symbol][lane], so the encoder picks each lane's pair with permutes instead of gathers. Empty
+// when the run does not qualify, and for one shared table, which the encoder holds in registers
+// (two permutes per vector). Build once per set of tables: runs of one context share them.
 std::vector<uint32_t> EncodeLaneTables(const Run& run, const uint32_t* rcp);
 // The same stream with AVX-512 where the CPU has it (16 lanes per vector, compress-stored words;
 // lookups in `lane_tables` where given, else gathers).

@@ -120,7 +120,7 @@ TEST_P(RansKernelTiers, SimdEncodeMatchesScalarAndDecodesBack) {
         // Gathers, and permutes over lane tables where the run has them (small alphabets whose
         // channels line up with vectors).
         const std::vector<uint32_t> lanes = EncodeLaneTables(run, rcp.data());
-        EXPECT_EQ(lanes.empty(), LaneTables(run).empty()) << what;
+        EXPECT_EQ(lanes.empty(), LaneTables(run).empty() || !per_channel) << what;
         for (bool use_lanes : {false, true}) {
           if (use_lanes && lanes.empty()) continue;
           EncoderState b;
