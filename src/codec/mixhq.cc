@@ -159,6 +159,19 @@ Params ParamsOf(const StageSpec& spec) {
                 uint32_t(spec.GetInt("sink")), spec.Get("levels")};
 }
 
+// One slab's buffers, per thread and kept between calls; Start sizes them for a slab and draws
+// its rotation signs.
+struct SlabScratch {
+  std::vector<float> x, sign, scale;
+  std::vector<uint16_t> scale_h;
+  std::vector<uint8_t> codes;
+  void Start(size_t n_values, uint32_t head_dim, uint64_t seed, uint64_t slab) {
+    x.resize(n_values);
+    sign.resize(head_dim);
+    Signs(seed, slab, head_dim, sign.data());
+  }
+};
+
 class MixHqStage final : public Stage {
  public:
   explicit MixHqStage(Params p) : p_(std::move(p)) {}
@@ -206,13 +219,10 @@ class MixHqStage final : public Stage {
       // Shadows the captured head_dim: byte stores may alias a captured variable, and loops
       // whose bound may change do not vectorise.
       const uint32_t D = sh.head_dim;
-      thread_local std::vector<float> x, sign, scale;
-      thread_local std::vector<uint16_t> scale_h;
-      thread_local std::vector<uint8_t> codes;
-      x.resize(sh.slab_numel());
-      sign.resize(D);
+      thread_local SlabScratch scratch;
+      scratch.Start(sh.slab_numel(), D, p_.seed, ctx.first_slab + s);
+      auto& [x, sign, scale, scale_h, codes] = scratch;
       ConvertToF32(t.dtype(), t.slab_at(s), x.data(), x.size());
-      Signs(p_.seed, ctx.first_slab + s, D, sign.data());
       RotateRows(x.data(), sh.n_token, D, sign.data(), false);
       uint8_t* dst = body + L.offset[s];
       for (const Block& blk : L.blocks[s]) {
@@ -299,11 +309,9 @@ class MixHqStage final : public Stage {
       // Shadows the captured head_dim: byte stores may alias a captured variable, and loops
       // whose bound may change do not vectorise.
       const uint32_t D = sh.head_dim;
-      thread_local std::vector<float> x, sign, scale;
-      thread_local std::vector<uint16_t> scale_h;
-      thread_local std::vector<uint8_t> codes;
-      x.resize(sh.slab_numel());
-      sign.resize(D);
+      thread_local SlabScratch scratch;
+      scratch.Start(sh.slab_numel(), D, p_.seed, ctx.first_slab + s);
+      auto& [x, sign, scale, scale_h, codes] = scratch;
       const uint8_t* src = body + L.offset[s];
       for (const Block& blk : L.blocks[s]) {
         const uint32_t t0 = blk.t0, bt = blk.bt;
@@ -330,7 +338,6 @@ class MixHqStage final : public Stage {
         }
         src += L.block_bytes(v, blk);
       }
-      Signs(p_.seed, ctx.first_slab + s, D, sign.data());
       RotateRows(x.data(), sh.n_token, D, sign.data(), true);
       ConvertFromF32(t.dtype(), x.data(), t.slab_at(s), x.size());
     });

@@ -19,6 +19,39 @@ bool PartSelected(const std::string& parts, bool is_v) { return parts == "kv" ||
 
 // Values per chunk of rows that a transform converts, transforms and stores while they are in L1.
 constexpr uint32_t kChunkValues = 4096;
+uint32_t ChunkRows(uint32_t head_dim) { return std::max<uint32_t>(1, kChunkValues / head_dim); }
+
+// Slab i of `in` as f32 into the same slab of `out` (an f32 tensor), `chunk` rows at a time,
+// each chunk then transformed in place by fn(rows, n_rows) while it is in L1.
+template <typename Fn>
+void ForwardInChunks(const KvBlock& in, KvBlock& out, uint64_t i, uint32_t chunk, Fn fn) {
+  const uint32_t D = in.shape().head_dim, n_token = in.shape().n_token;
+  const size_t es = DTypeSize(in.dtype());
+  float* dst = reinterpret_cast<float*>(out.slab_at(i));
+  for (uint32_t t0 = 0; t0 < n_token; t0 += chunk) {
+    const uint32_t rows = std::min(chunk, n_token - t0);
+    float* x = dst + size_t(t0) * D;
+    ConvertToF32(in.dtype(), in.slab_at(i) + size_t(t0) * D * es, x, size_t(rows) * D);
+    fn(x, rows);
+  }
+}
+
+// The way back: slab i of `in` into the same slab of `out` in its dtype, `chunk` rows at a time
+// through f32 scratch that fn(rows, n_rows) inverts in place.
+template <typename Fn>
+void InverseInChunks(const KvBlock& in, KvBlock& out, uint64_t i, uint32_t chunk, Fn fn) {
+  const uint32_t D = in.shape().head_dim, n_token = in.shape().n_token;
+  const size_t in_es = DTypeSize(in.dtype()), out_es = DTypeSize(out.dtype());
+  thread_local std::vector<float> buf;
+  buf.resize(size_t(chunk) * D);
+  for (uint32_t t0 = 0; t0 < n_token; t0 += chunk) {
+    const uint32_t rows = std::min(chunk, n_token - t0);
+    const size_t first = size_t(t0) * D, n = size_t(rows) * D;
+    ConvertToF32(in.dtype(), in.slab_at(i) + first * in_es, buf.data(), n);
+    fn(buf.data(), rows);
+    ConvertFromF32(out.dtype(), buf.data(), out.slab_at(i) + first * out_es, n);
+  }
+}
 
 class RotateStage final : public Stage {
  public:
@@ -31,22 +64,7 @@ class RotateStage final : public Stage {
     if (D & (D - 1)) return Status::InvalidArgument("rotate needs head_dim a power of two, got " + std::to_string(D));
     KV_RETURN_IF_ERROR(out.tensor->Reset(s, DType::kF32));
     out.tensor->set_token_offset(t.token_offset());
-    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
-      float* dst = reinterpret_cast<float*>(out.tensor->slab_at(i));
-      const bool selected = PartSelected(parts_, (i / s.n_head_kv) % 2);
-      thread_local std::vector<float> sign;
-      sign.resize(D);
-      if (selected) Signs(seed_, ctx.first_slab + i, D, sign.data());
-      // Rows in chunks that stay in L1 between the conversion and the rotation.
-      const uint32_t chunk = std::max<uint32_t>(1, kChunkValues / D);
-      const size_t es = DTypeSize(t.dtype());
-      for (uint32_t t0 = 0; t0 < s.n_token; t0 += chunk) {
-        const uint32_t rows = std::min(chunk, s.n_token - t0);
-        const size_t first = size_t(t0) * D;
-        ConvertToF32(t.dtype(), t.slab_at(i) + first * es, dst + first, size_t(rows) * D);
-        if (selected) RotateRows(dst + first, rows, D, sign.data(), false);
-      }
-    });
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) { Slab(t, *out.tensor, i, ctx.first_slab + i, false); });
     return Status::Ok();
   }
 
@@ -55,26 +73,25 @@ class RotateStage final : public Stage {
     const KvShape& s = out.tensor->shape();
     const uint32_t D = s.head_dim;
     if (!(t.shape() == s) || (D & (D - 1))) return Status::Corrupt("rotate input does not match the frame's shape");
-    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
-      const bool selected = PartSelected(parts_, (i / s.n_head_kv) % 2);
-      thread_local std::vector<float> buf, sign;
-      sign.resize(D);
-      if (selected) Signs(seed_, ctx.first_slab + i, D, sign.data());
-      const uint32_t chunk = std::max<uint32_t>(1, kChunkValues / D);
-      buf.resize(size_t(chunk) * D);
-      const size_t in_es = DTypeSize(t.dtype()), out_es = DTypeSize(out.tensor->dtype());
-      for (uint32_t t0 = 0; t0 < s.n_token; t0 += chunk) {
-        const uint32_t rows = std::min(chunk, s.n_token - t0);
-        const size_t first = size_t(t0) * D, n = size_t(rows) * D;
-        ConvertToF32(t.dtype(), t.slab_at(i) + first * in_es, buf.data(), n);
-        if (selected) RotateRows(buf.data(), rows, D, sign.data(), true);
-        ConvertFromF32(out.tensor->dtype(), buf.data(), out.tensor->slab_at(i) + first * out_es, n);
-      }
-    });
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) { Slab(t, *out.tensor, i, ctx.first_slab + i, true); });
     return Status::Ok();
   }
 
  private:
+  // One slab either way; `slab` numbers it in the whole request (the signs' key).
+  void Slab(const KvBlock& in, KvBlock& out, uint64_t i, uint64_t slab, bool inverse) const {
+    const uint32_t D = in.shape().head_dim;
+    const bool selected = PartSelected(parts_, (i / in.shape().n_head_kv) % 2);
+    thread_local std::vector<float> sign;
+    sign.resize(D);
+    if (selected) Signs(seed_, slab, D, sign.data());
+    auto rotate = [&](float* x, uint32_t rows) {
+      if (selected) RotateRows(x, rows, D, sign.data(), inverse);
+    };
+    if (inverse) InverseInChunks(in, out, i, ChunkRows(D), rotate);
+    else ForwardInChunks(in, out, i, ChunkRows(D), rotate);
+  }
+
   uint64_t seed_;
   std::string parts_;
 };
@@ -88,25 +105,7 @@ class DeltaStage final : public Stage {
     const KvShape& s = t.shape();
     KV_RETURN_IF_ERROR(out.tensor->Reset(s, DType::kF32));
     out.tensor->set_token_offset(t.token_offset());
-    const uint32_t D = s.head_dim;
-    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
-      float* x = reinterpret_cast<float*>(out.tensor->slab_at(i));
-      const size_t es = DTypeSize(t.dtype());
-      if (!PartSelected(parts_, (i / s.n_head_kv) % 2)) {
-        ConvertToF32(t.dtype(), t.slab_at(i), x, s.slab_numel());
-        return;
-      }
-      // Group by group, so the rows are still in L1 when their anchor is subtracted.
-      for (uint32_t g = 0; g < s.n_token; g += anchor_) {
-        const uint32_t rows = std::min(anchor_, s.n_token - g);
-        float* a = x + size_t(g) * D;
-        ConvertToF32(t.dtype(), t.slab_at(i) + size_t(g) * D * es, a, size_t(rows) * D);
-        for (uint32_t r = 1; r < rows; ++r) {
-          float* row = a + size_t(r) * D;
-          for (uint32_t d = 0; d < D; ++d) row[d] -= a[d];
-        }
-      }
-    });
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) { Slab(t, *out.tensor, i, false); });
     return Status::Ok();
   }
 
@@ -114,31 +113,31 @@ class DeltaStage final : public Stage {
     const KvBlock& t = *in.tensor;
     const KvShape& s = out.tensor->shape();
     if (!(t.shape() == s)) return Status::Corrupt("delta input does not match the frame's shape");
-    const uint32_t D = s.head_dim;
-    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) {
-      const bool selected = PartSelected(parts_, (i / s.n_head_kv) % 2);
-      // One anchor group at a time (or L1-sized chunks when nothing is restored).
-      const uint32_t chunk = selected ? anchor_ : std::max<uint32_t>(1, kChunkValues / D);
-      thread_local std::vector<float> x;
-      x.resize(size_t(chunk) * D);
-      const size_t in_es = DTypeSize(t.dtype()), out_es = DTypeSize(out.tensor->dtype());
-      for (uint32_t g = 0; g < s.n_token; g += chunk) {
-        const uint32_t rows = std::min(chunk, s.n_token - g);
-        const size_t first = size_t(g) * D, n = size_t(rows) * D;
-        ConvertToF32(t.dtype(), t.slab_at(i) + first * in_es, x.data(), n);
-        if (selected) {
-          for (uint32_t r = 1; r < rows; ++r) {
-            float* row = x.data() + size_t(r) * D;
-            for (uint32_t d = 0; d < D; ++d) row[d] += x[d];
-          }
-        }
-        ConvertFromF32(out.tensor->dtype(), x.data(), out.tensor->slab_at(i) + first * out_es, n);
-      }
-    });
+    ParallelFor(ctx.pool, s.n_slab(), [&](uint64_t i) { Slab(t, *out.tensor, i, true); });
     return Status::Ok();
   }
 
  private:
+  // One slab either way, one anchor group per chunk (L1-sized chunks where nothing changes): the
+  // rows after a group's first lose (encode) or regain (decode) it.
+  void Slab(const KvBlock& in, KvBlock& out, uint64_t i, bool inverse) const {
+    const uint32_t D = in.shape().head_dim;
+    const bool selected = PartSelected(parts_, (i / in.shape().n_head_kv) % 2);
+    auto delta = [&](float* x, uint32_t rows) {
+      if (!selected) return;
+      for (uint32_t r = 1; r < rows; ++r) {
+        float* row = x + size_t(r) * D;
+        if (inverse)
+          for (uint32_t d = 0; d < D; ++d) row[d] += x[d];
+        else
+          for (uint32_t d = 0; d < D; ++d) row[d] -= x[d];
+      }
+    };
+    const uint32_t chunk = selected ? anchor_ : ChunkRows(D);
+    if (inverse) InverseInChunks(in, out, i, chunk, delta);
+    else ForwardInChunks(in, out, i, chunk, delta);
+  }
+
   uint32_t anchor_;
   std::string parts_;
 };
