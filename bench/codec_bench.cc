@@ -109,10 +109,13 @@ BENCHMARK_CAPTURE(BM_LowRank, decode, true)->Arg(32)->Arg(64)->Unit(benchmark::k
 
 // The rANS decode loop alone, per symbol: scalar reference (arg 0) against the SIMD kernel
 // (arg 1), 128 channels with a table each of 2^bits symbols shaped like quantisation codes
-// (a discretised Gaussian). The stream is random bytes: decoding costs the same either way.
+// (a discretised Gaussian), or (third arg 1) the first of them for every channel, as `rans`
+// picks where the channels' statistics agree. The stream is random bytes: decoding costs the
+// same either way.
 void BM_RansDecodeRun(benchmark::State& state) {
   const bool simd = state.range(0) != 0;
   const int bits = int(state.range(1));
+  const bool shared = state.range(2) != 0;
   const uint32_t A = 1u << bits, C = 128, n = 1u << 20;
   std::vector<uint32_t> entries(size_t(C) * A);
   for (uint32_t ch = 0; ch < C; ++ch) {
@@ -127,7 +130,7 @@ void BM_RansDecodeRun(benchmark::State& state) {
       start += f;
     }
   }
-  const rans::Run run{entries.data(), A, C, bits};
+  const rans::Run run{entries.data(), shared ? 0 : A, C, bits};
   const std::vector<uint32_t> lanes = simd ? rans::LaneTables(run) : std::vector<uint32_t>{};
   const std::vector<uint8_t> slots = simd && lanes.empty() ? rans::SlotTables(run) : std::vector<uint8_t>{};
   std::vector<uint8_t> stream(size_t(n) * 2 + 64), out(n);
@@ -145,7 +148,7 @@ void BM_RansDecodeRun(benchmark::State& state) {
   }
   state.SetItemsProcessed(int64_t(state.iterations()) * n);
 }
-BENCHMARK(BM_RansDecodeRun)->ArgsProduct({{0, 1}, {2, 4, 8}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RansDecodeRun)->ArgsProduct({{0, 1}, {2, 4, 8}, {0, 1}})->Unit(benchmark::kMillisecond);
 
 void BM_Pack(benchmark::State& state) {
   const int bits = static_cast<int>(state.range(0));

@@ -19,7 +19,8 @@
 // frame checksum did not.
 //
 // Streams: the runs, in decoding order, are cut into streams with states of their own, so that
-// the contexts of a large frame are coded and decoded on several threads. A cut falls where a
+// the contexts of a large frame are coded and decoded on several threads (and, where there are
+// at least twice as many streams as threads, two at a time per thread: rans::DecodeRunPair). A cut falls where a
 // code context begins, once the stream before it holds kStreamSymbols codes: a function of the layout
 // alone, so a frame is the same however many threads wrote it, and a frame of one layer (the
 // serving path) still has a stream for K and one for V.
@@ -648,11 +649,14 @@ class RansStage final : public Stage {
     }
     std::memcpy(o.data() + at, raw.data() + raw_at, raw_len - raw_at);
     // Lookup tables for the SIMD decoder: lane tables for small alphabets, slot tables for the
-    // others where the context has enough symbols to pay for building them.
+    // others where the context has enough symbols to pay for building them, and bucket tables
+    // where code contexts qualify for decoding two streams side by side.
     struct Lookup {
       std::vector<uint32_t> lanes;
       std::vector<uint8_t> slots;
+      std::vector<uint32_t> buckets;
     };
+    const bool simd = rans::HaveSimdDecoder();
     auto lookup_for = [&](const Context& c) {
       Lookup t;
       const rans::Run run = RunOf(L, c, entries.data());
@@ -661,42 +665,110 @@ class RansStage final : public Stage {
       return t;
     };
     std::vector<Lookup> code_lookup(L.code.size());
-    ParallelFor(ctx.pool, L.code.size(), [&](uint64_t k) { code_lookup[k] = lookup_for(L.code[k]); });
-    // Each stream decodes its runs into their sections of the output on its own thread.
+    ParallelFor(ctx.pool, L.code.size(), [&](uint64_t k) {
+      code_lookup[k] = lookup_for(L.code[k]);
+      if (simd) code_lookup[k].buckets = rans::BucketTables(RunOf(L, L.code[k], entries.data()));
+    });
+    // A stream's place: runs [run, end) left, `done` symbols of the current one decoded into sym.
+    struct Cursor {
+      uint32_t stream = 0, run = 0, end = 0, done = 0;
+      std::vector<uint8_t>* sym = nullptr;
+    };
     std::vector<Status> errors(n_streams);
-    ParallelFor(ctx.pool, n_streams, [&](uint64_t k) {
-      thread_local std::vector<uint8_t> sym;
-      rans::DecoderState& st = states[k];
-      for (uint32_t ri = bounds[k]; ri < bounds[k + 1]; ++ri) {
-        const RunRef& run = runs[ri];
-        const Context& c = run.half ? L.half[run.index] : L.code[L.context_of[run.index]];
-        Lookup half_lookup;  // a metadata context is one run: its lookup is built where it is used
-        if (run.half) half_lookup = lookup_for(c);
-        const Lookup& t = run.half ? half_lookup : code_lookup[L.context_of[run.index]];
-        sym.resize(Padded(run.n));
-        if (!rans::DecodeRun(st, RunOf(L, c, entries.data()), t.lanes, t.slots, uint32_t(sym.size()), sym.data())) {
-          errors[k] = Status::Corrupt("rans stream " + std::to_string(k) + " ends early");
-          return;
+    auto context_of = [&](const RunRef& run) -> const Context& {
+      return run.half ? L.half[run.index] : L.code[L.context_of[run.index]];
+    };
+    auto start = [&](Cursor& cur) {
+      cur.done = 0;
+      if (cur.run < cur.end) cur.sym->resize(Padded(runs[cur.run].n));
+    };
+    // Decodes what is left of the current run, writes the run to its sections and moves on.
+    auto finish = [&](Cursor& cur) -> bool {
+      const RunRef& run = runs[cur.run];
+      const Context& c = context_of(run);
+      std::vector<uint8_t>& sym = *cur.sym;
+      Lookup half_lookup;  // a metadata context is one run: its lookup is built where it is used
+      if (run.half) half_lookup = lookup_for(c);
+      const Lookup& t = run.half ? half_lookup : code_lookup[L.context_of[run.index]];
+      // A run is resumed only after DecodeRunPair, whose runs have one table for every channel,
+      // so the rest needs no channel offset.
+      if (!rans::DecodeRun(states[cur.stream], RunOf(L, c, entries.data()), t.lanes, t.slots,
+                           uint32_t(sym.size()) - cur.done, sym.data() + cur.done)) {
+        errors[cur.stream] = Status::Corrupt("rans stream " + std::to_string(cur.stream) + " ends early");
+        return false;
+      }
+      if (run.half) {
+        size_t at = 0;
+        for (uint32_t i : c.sections) {
+          std::memcpy(o.data() + secs[i].offset, sym.data() + at, SectionBytes(secs[i]));
+          at += SectionBytes(secs[i]);
         }
-        if (run.half) {
-          size_t done = 0;
-          for (uint32_t i : c.sections) {
-            std::memcpy(o.data() + secs[i].offset, sym.data() + done, SectionBytes(secs[i]));
-            done += SectionBytes(secs[i]);
-          }
-          continue;
-        }
+      } else {
         const CodeSection& s = secs[run.index];
         if (flags[L.context_of[run.index]] & kPredicted) Unpredict(sym.data(), s.n_codes, s.n_channel, s.bits);
         quant::PackCodes(sym.data(), s.n_codes, s.bits, o.data() + s.offset);
       }
+      ++cur.run;
+      start(cur);
+      return true;
+    };
+    auto check_end = [&](const Cursor& cur) {
+      const rans::DecoderState& st = states[cur.stream];
       for (int l = 0; l < kLanes; ++l) {
         if (st.x[l] != kLow) {
-          errors[k] = Status::Corrupt("rans stream " + std::to_string(k) + " is corrupt (a final state is off)");
+          errors[cur.stream] =
+              Status::Corrupt("rans stream " + std::to_string(cur.stream) + " is corrupt (a final state is off)");
           return;
         }
       }
-      if (st.ptr != st.end) errors[k] = Status::Corrupt("rans stream " + std::to_string(k) + " has unread bytes");
+      if (st.ptr != st.end) errors[cur.stream] = Status::Corrupt("rans stream " + std::to_string(cur.stream) + " has unread bytes");
+    };
+    // Each task decodes its streams into their sections of the output on its own thread. Where
+    // the pool has at most half as many threads as there are streams, a task takes two streams
+    // and decodes their runs with bucket tables side by side (rans::DecodeRunPair).
+    const int threads = ctx.pool != nullptr ? ctx.pool->size() : 1;
+    const bool pairs = simd && n_streams >= 2 * uint32_t(threads);
+    const uint32_t n_tasks = pairs ? (n_streams + 1) / 2 : n_streams;
+    ParallelFor(ctx.pool, n_tasks, [&](uint64_t task) {
+      thread_local std::vector<uint8_t> sym[2];
+      Cursor cur[2];
+      const uint32_t n_cur = pairs && 2 * task + 1 < n_streams ? 2 : 1;
+      for (uint32_t q = 0; q < n_cur; ++q) {
+        const uint32_t k = pairs ? uint32_t(2 * task) + q : uint32_t(task);
+        cur[q] = Cursor{k, bounds[k], bounds[k + 1], 0, &sym[q]};
+        start(cur[q]);
+      }
+      Cursor& a = cur[0];
+      Cursor& b = cur[1];
+      while (n_cur == 2 && a.run < a.end && b.run < b.end) {
+        const RunRef& ra = runs[a.run];
+        const RunRef& rb = runs[b.run];
+        const std::vector<uint32_t>* ba = ra.half ? nullptr : &code_lookup[L.context_of[ra.index]].buckets;
+        const std::vector<uint32_t>* bb = rb.half ? nullptr : &code_lookup[L.context_of[rb.index]].buckets;
+        if (ba == nullptr || ba->empty()) {
+          if (!finish(a)) return;
+          continue;
+        }
+        if (bb == nullptr || bb->empty()) {
+          if (!finish(b)) return;
+          continue;
+        }
+        const uint32_t left_a = uint32_t(a.sym->size()) - a.done, left_b = uint32_t(b.sym->size()) - b.done;
+        const uint32_t n = std::min(left_a, left_b);
+        const uint32_t got = rans::DecodeRunPair(states[a.stream], *ba, a.sym->data() + a.done, states[b.stream], *bb,
+                                                 b.sym->data() + b.done, n);
+        a.done += got;
+        b.done += got;
+        // A stream near its end stops the pair: both runs are finished alone.
+        if ((got < n || got == left_a) && !finish(a)) return;
+        if ((got < n || got == left_b) && !finish(b)) return;
+      }
+      for (uint32_t q = 0; q < n_cur; ++q) {
+        while (cur[q].run < cur[q].end) {
+          if (!finish(cur[q])) return;
+        }
+        check_end(cur[q]);
+      }
     });
     for (const Status& e : errors) KV_RETURN_IF_ERROR(e);
     return Status::Ok();

@@ -1,5 +1,6 @@
 // rANS loops: plain scalar references and AVX-512 versions that code two vectors of 16 states per
-// step (decode: lane-table compares, slot tables or gathers, expand-load renormalisation;
+// step (decode: lane-table compares, slot tables or gathers, expand-load renormalisation, and
+// two streams at once over bucket tables;
 // encode: gathered tables, compress-stored words).
 #include "codec/rans_kernels.h"
 
@@ -49,6 +50,34 @@ std::vector<uint32_t> LaneTables(const Run& r) {
         t[(size_t(b) * A + s) * 16 + l] = start >= kProbScale ? ~0u : start << 20 | (table[s] >> 16) << 7 | s;
       }
     }
+  }
+  return t;
+}
+
+std::vector<uint32_t> BucketTables(const Run& r) {
+  if (r.bits > 7 || (r.table_stride != 0 && r.n_channel != 1)) return {};
+  constexpr uint32_t kWidth = kProbScale / kBuckets;
+  const uint32_t A = 1u << r.bits;
+  auto packed = [&](uint32_t s) { return (r.entries[s] & 0xffff) << 20 | (r.entries[s] >> 16) << 7 | s; };
+  std::vector<uint32_t> base(kBuckets, 0);
+  std::vector<std::vector<uint32_t>> inside(kBuckets);
+  for (uint32_t b = 0; b < kBuckets; ++b) {
+    // Symbol 0 starts at 0; a symbol of zero frequency shares its start with the next one, so
+    // the last symbol starting at or before the bucket has a frequency. Starts at the scale
+    // (trailing zero frequencies) fall in no bucket.
+    for (uint32_t s = 0; s < A; ++s) {
+      const uint32_t start = r.entries[s] & 0xffff;
+      if (start <= b * kWidth) base[b] = packed(s);
+      else if (start < (b + 1) * kWidth) inside[b].push_back(packed(s));
+    }
+    if (inside[b].size() > kMaxBounds) return {};
+  }
+  size_t bounds = 0;
+  for (const auto& v : inside) bounds = std::max(bounds, v.size());
+  std::vector<uint32_t> t((1 + bounds) * kBuckets, ~0u);
+  std::copy(base.begin(), base.end(), t.begin());
+  for (uint32_t b = 0; b < kBuckets; ++b) {
+    for (size_t k = 0; k < inside[b].size(); ++k) t[(1 + k) * kBuckets + b] = inside[b][k];
   }
   return t;
 }
@@ -316,9 +345,10 @@ inline void Renormalize(__m512i& x, const uint8_t*& ptr) {
   ptr += 2 * std::popcount(unsigned(m));
 }
 
-// Compare-scan decode over lane tables (see LaneTables).
+// Compare-scan decode over lane tables (see LaneTables), A = 2^bits symbols, unrolled.
+template <uint32_t A>
 bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, uint32_t n, uint8_t* out) {
-  const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel, A = 1u << r.bits;
+  const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel;
   const bool blocks = C % 16 == 0;
   __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
   const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1);
@@ -337,6 +367,7 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
     const __m512i k0 = _mm512_or_si512(_mm512_slli_epi32(s0, 20), below);
     const __m512i k1 = _mm512_or_si512(_mm512_slli_epi32(s1, 20), below);
     __m512i e0 = _mm512_loadu_si512(t0), e1 = _mm512_loadu_si512(t1);
+#pragma GCC unroll 16
     for (uint32_t s = 1; s < A; ++s) {
       const __m512i v0 = _mm512_loadu_si512(t0 + s * 16), v1 = _mm512_loadu_si512(t1 + s * 16);
       e0 = _mm512_mask_mov_epi32(e0, _mm512_cmple_epu32_mask(v0, k0), v0);
@@ -360,10 +391,75 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
   return j >= n || DecodeRunScalar(st, r, j, n, out);
 }
 
+// DecodeRunPair with K bound rows (the stream with fewer pads with all ones, which never match).
+template <uint32_t K>
+uint32_t DecodeRunPairAvx512(DecoderState& a, const std::vector<uint32_t>& ta, uint8_t* out_a, DecoderState& b,
+                             const std::vector<uint32_t>& tb, uint8_t* out_b, uint32_t n) {
+  // lo/hi: buckets 0-15 and 16-31 of each row, for two-source permutes; [stream][row].
+  __m512i lo[2][K + 1], hi[2][K + 1];
+  const std::vector<uint32_t>* tables[2] = {&ta, &tb};
+  for (int q = 0; q < 2; ++q) {
+    const uint32_t rows = uint32_t(tables[q]->size() / kBuckets);
+    for (uint32_t k = 0; k <= K; ++k) {
+      const uint32_t* row = tables[q]->data() + k * kBuckets;
+      lo[q][k] = k < rows ? _mm512_loadu_si512(row) : _mm512_set1_epi32(-1);
+      hi[q][k] = k < rows ? _mm512_loadu_si512(row + 16) : _mm512_set1_epi32(-1);
+    }
+  }
+  const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1);
+  // As in DecodeRunScan: an entry is <= key exactly when its start is <= slot.
+  const __m512i below = _mm512_set1_epi32((1 << 20) - 2), freq_mask = _mm512_set1_epi32(0x1fff);
+  const __m512i sym_mask = _mm512_set1_epi32(0x7f);
+  __m512i x[4] = {_mm512_loadu_si512(a.x), _mm512_loadu_si512(a.x + 16), _mm512_loadu_si512(b.x),
+                  _mm512_loadu_si512(b.x + 16)};
+  uint8_t* out[2] = {out_a, out_b};
+  const uint8_t* pa = a.ptr;
+  const uint8_t* pb = b.ptr;
+  uint32_t j = 0;
+  for (; j < n && a.end - pa >= 2 * kLanes && b.end - pb >= 2 * kLanes; j += kLanes) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const int q = v / 2;
+      const __m512i slot = _mm512_and_si512(x[v], slot_mask);
+      const __m512i bucket = _mm512_srli_epi32(slot, 7);
+      const __m512i key = _mm512_or_si512(_mm512_slli_epi32(slot, 20), below);
+      __m512i e = _mm512_permutex2var_epi32(lo[q][0], bucket, hi[q][0]);
+#pragma GCC unroll 8
+      for (uint32_t k = 1; k <= K; ++k) {
+        const __m512i bound = _mm512_permutex2var_epi32(lo[q][k], bucket, hi[q][k]);
+        e = _mm512_mask_mov_epi32(e, _mm512_cmple_epu32_mask(bound, key), bound);
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out[q] + j + 16 * (v % 2)),
+                       _mm512_cvtepi32_epi8(_mm512_and_si512(e, sym_mask)));
+      x[v] = _mm512_add_epi32(
+          _mm512_mullo_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 7), freq_mask), _mm512_srli_epi32(x[v], kProbBits)),
+          _mm512_sub_epi32(slot, _mm512_srli_epi32(e, 20)));
+    }
+    Renormalize(x[0], pa);
+    Renormalize(x[1], pa);
+    Renormalize(x[2], pb);
+    Renormalize(x[3], pb);
+  }
+  _mm512_storeu_si512(a.x, x[0]);
+  _mm512_storeu_si512(a.x + 16, x[1]);
+  _mm512_storeu_si512(b.x, x[2]);
+  _mm512_storeu_si512(b.x + 16, x[3]);
+  a.ptr = pa;
+  b.ptr = pb;
+  return j;
+}
 
 bool DecodeRunAvx512(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables,
                      const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out) {
-  if (!lane_tables.empty()) return DecodeRunScan(st, r, lane_tables.data(), n, out);
+  if (!lane_tables.empty()) {
+    switch (r.bits) {
+      case 1: return DecodeRunScan<2>(st, r, lane_tables.data(), n, out);
+      case 2: return DecodeRunScan<4>(st, r, lane_tables.data(), n, out);
+      case 3: return DecodeRunScan<8>(st, r, lane_tables.data(), n, out);
+      case 4: return DecodeRunScan<16>(st, r, lane_tables.data(), n, out);
+      default: break;
+    }
+  }
   // Byte-addressed 4-byte gathers into the slot tables (their padding keeps the last in bounds).
   const int* lut = slot_tables.empty() ? nullptr : reinterpret_cast<const int*>(slot_tables.data());
   const __m512i lut_stride = _mm512_set1_epi32(r.table_stride == 0 ? 0 : int(kProbScale));
@@ -429,6 +525,26 @@ bool HaveSimdDecoder() {
 #else
   return false;
 #endif
+}
+
+uint32_t DecodeRunPair(DecoderState& a, const std::vector<uint32_t>& buckets_a, uint8_t* out_a, DecoderState& b,
+                       const std::vector<uint32_t>& buckets_b, uint8_t* out_b, uint32_t n) {
+  if (buckets_a.empty() || buckets_b.empty()) return 0;
+#if KVSERVE_RANS_AVX512
+  if (cpu::Use(cpu::Tier::kAvx512)) {
+    switch (std::max(buckets_a.size(), buckets_b.size()) / kBuckets - 1) {
+      case 0: return DecodeRunPairAvx512<0>(a, buckets_a, out_a, b, buckets_b, out_b, n);
+      case 1: return DecodeRunPairAvx512<1>(a, buckets_a, out_a, b, buckets_b, out_b, n);
+      case 2: return DecodeRunPairAvx512<2>(a, buckets_a, out_a, b, buckets_b, out_b, n);
+      case 3: return DecodeRunPairAvx512<3>(a, buckets_a, out_a, b, buckets_b, out_b, n);
+      case 4: return DecodeRunPairAvx512<4>(a, buckets_a, out_a, b, buckets_b, out_b, n);
+      case 5: return DecodeRunPairAvx512<5>(a, buckets_a, out_a, b, buckets_b, out_b, n);
+      case 6: return DecodeRunPairAvx512<6>(a, buckets_a, out_a, b, buckets_b, out_b, n);
+      default: return DecodeRunPairAvx512<kMaxBounds>(a, buckets_a, out_a, b, buckets_b, out_b, n);
+    }
+  }
+#endif
+  return 0;
 }
 
 bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables,

@@ -47,6 +47,27 @@ std::vector<uint32_t> LaneTables(const Run& run);
 // Worth building only when the run is long next to the tables (the caller decides).
 std::vector<uint8_t> SlotTables(const Run& run);
 
+// Bucket tables for runs with one table for all channels (stride 0, or a single channel) and
+// alphabets up to 2^7: the 4096 slots cut into kBuckets buckets of 128. Per bucket, the entry
+// (packed start << 20 | freq << 7 | s) of the symbol holding the bucket's first slot, then
+// kBounds rows of the entries of the symbols that start inside the bucket, in symbol order
+// (all ones where a bucket has fewer): a state's symbol is then one permute plus a permute and a
+// compare per row, with no loads. Laid out [1 + kBounds][kBuckets], kBounds = size / kBuckets - 1.
+// Empty when the run does not qualify or some bucket holds more than kMaxBounds starts (a
+// table with many rare symbols), which DecodeRun's compare scan handles instead.
+constexpr uint32_t kBuckets = 32;
+constexpr uint32_t kMaxBounds = 7;
+std::vector<uint32_t> BucketTables(const Run& run);
+
+// Two streams' runs decoded in one loop (AVX-512), n symbols (a multiple of kLanes) from each,
+// with their bucket tables: one stream's chain from state to symbol to the next state is
+// latency-bound, and the other stream's work fills its gaps (twice the symbols per second of two
+// DecodeRun calls on the synthetic llama3-8b payload, docs/results/codec_speed.md). Stops early
+// where either stream has less than 2 * kLanes bytes left. Returns the symbols decoded from each
+// (a multiple of kLanes; 0 without AVX-512); the caller decodes the rest of each run with DecodeRun.
+uint32_t DecodeRunPair(DecoderState& a, const std::vector<uint32_t>& buckets_a, uint8_t* out_a, DecoderState& b,
+                       const std::vector<uint32_t>& buckets_b, uint8_t* out_b, uint32_t n);
+
 // The same decode with the widest SIMD the CPU has (kvserve/cpu.h) (AVX-512: compares over `lane_tables`
 // where given, else slot lookups in `slot_tables` where given, else a binary search by
 // gathers), falling back to the scalar loop for the last groups near the end of the stream.

@@ -1,8 +1,10 @@
-// rANS kernels: the SIMD paths (decode: compare-scan over lane tables, slot tables, gather search;
+// rANS kernels: the SIMD paths (decode: compare-scan over lane tables, slot tables, gather search,
+// two streams over bucket tables;
 // encode: 16-lane vectors; symbol counting) against the scalar reference, for every alphabet size and
 // channel layout.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -145,6 +147,98 @@ TEST_P(RansKernelTiers, SimdEncodeMatchesScalarAndDecodesBack) {
       }
     }
   }
+}
+
+// A quantisation-code-shaped table: a discretised Gaussian of the given width, every symbol present.
+std::vector<uint32_t> GaussianTable(int bits, double width) {
+  const uint32_t A = 1u << bits;
+  std::vector<double> p(A);
+  double total = 0;
+  for (uint32_t s = 0; s < A; ++s) total += p[s] = std::exp(-0.5 * std::pow((s - A / 2.0) / (A * width), 2));
+  std::vector<uint32_t> entries(A);
+  uint32_t start = 0;
+  for (uint32_t s = 0; s < A; ++s) {
+    const uint32_t f = s + 1 == A ? kProbScale - start : std::max<uint32_t>(1, uint32_t(p[s] / total * (kProbScale - A)));
+    entries[s] = start | f << 16;
+    start += f;
+  }
+  return entries;
+}
+
+// Two streams in one loop against two scalar decodes: bucket tables of shared tables (random
+// ones, with absent symbols, and code-shaped ones), streams of different lengths so that the
+// pair stops early and DecodeRun finishes each run.
+TEST_P(RansKernelTiers, PairDecodeMatchesTwoScalarDecodes) {
+  std::mt19937 rng(5);
+  int paired = 0;
+  for (int bits = 1; bits <= 7; ++bits) {
+    for (int round = 0; round < 12; ++round) {
+      std::vector<uint32_t> entries[2];
+      for (int q = 0; q < 2; ++q) {
+        entries[q] = round % 3 == 0 ? RandomTables(rng, 1, bits) : GaussianTable(bits, 0.2 + 0.05 * (rng() % 4));
+      }
+      const rans::Run run[2] = {{entries[0].data(), 0, 1, bits}, {entries[1].data(), 1u << bits, 1, bits}};
+      const std::vector<uint32_t> buckets[2] = {BucketTables(run[0]), BucketTables(run[1])};
+      const std::string what = "bits " + std::to_string(bits) + " round " + std::to_string(round);
+      if (buckets[0].empty() || buckets[1].empty()) {
+        if (round % 3 != 0 && bits <= 4) ADD_FAILURE() << what << ": a code-shaped table has no bucket tables";
+        continue;
+      }
+      const uint32_t n = kLanes * (30 + rng() % 20);
+      std::vector<uint8_t> stream[2];
+      DecoderState ref[2], pair[2];
+      std::vector<uint8_t> out_ref[2], out_pair[2];
+      bool ok_ref[2];
+      for (int q = 0; q < 2; ++q) {
+        // The second stream sometimes runs out before n symbols.
+        stream[q].resize(q == 1 && round % 2 ? n : n * 2 + 100);
+        for (auto& b : stream[q]) b = uint8_t(rng());
+        for (int l = 0; l < kLanes; ++l) ref[q].x[l] = kLow + rng() % ((1u << 31) - kLow);
+        ref[q].ptr = stream[q].data();
+        ref[q].end = stream[q].data() + stream[q].size();
+        pair[q] = ref[q];
+        out_ref[q].assign(n, 0);
+        out_pair[q].assign(n, 0);
+        ok_ref[q] = DecodeRunScalar(ref[q], run[q], 0, n, out_ref[q].data());
+      }
+      const uint32_t done = DecodeRunPair(pair[0], buckets[0], out_pair[0].data(), pair[1], buckets[1],
+                                          out_pair[1].data(), n);
+      ASSERT_EQ(done % kLanes, 0u) << what;
+      ASSERT_LE(done, n) << what;
+      if (HaveSimdDecoder() && round % 2 == 0) EXPECT_EQ(done, n) << what;
+      paired += done > 0;
+      for (int q = 0; q < 2; ++q) {
+        const bool ok = DecodeRun(pair[q], run[q], {}, {}, n - done, out_pair[q].data() + done);
+        ASSERT_EQ(ok, ok_ref[q]) << what << " stream " << q;
+        ASSERT_EQ(out_pair[q], out_ref[q]) << what << " stream " << q;
+        ASSERT_EQ(pair[q].ptr, ref[q].ptr) << what << " stream " << q;
+        ASSERT_EQ(std::memcmp(pair[q].x, ref[q].x, sizeof(ref[q].x)), 0) << what << " stream " << q;
+      }
+    }
+  }
+  if (HaveSimdDecoder()) EXPECT_GT(paired, 20);
+}
+
+TEST(RansKernels, BucketTablesOnlyForOneTableWithFewStartsPerBucket) {
+  const std::vector<uint32_t> code = GaussianTable(4, 0.2);
+  EXPECT_FALSE(BucketTables(rans::Run{code.data(), 0, 128, 4}).empty());
+  EXPECT_FALSE(BucketTables(rans::Run{code.data(), 16, 1, 4}).empty());  // one channel
+  EXPECT_TRUE(BucketTables(rans::Run{code.data(), 16, 2, 4}).empty());   // a table per channel
+  // Nine symbols starting inside the first 128 slots: past kMaxBounds.
+  std::vector<uint32_t> rare(16);
+  uint32_t start = 0;
+  for (uint32_t s = 0; s < 16; ++s) {
+    const uint32_t f = s < 9 ? 10 : s + 1 < 16 ? 300 : kProbScale - start;
+    rare[s] = start | f << 16;
+    start += f;
+  }
+  EXPECT_TRUE(BucketTables(rans::Run{rare.data(), 0, 1, 4}).empty());
+  // Bytes do not fit the packing, even spread evenly (no start inside a bucket).
+  std::vector<uint32_t> bytes(256);
+  for (uint32_t s = 0; s < 256; ++s) bytes[s] = s * 16 | 16u << 16;
+  EXPECT_TRUE(BucketTables(rans::Run{bytes.data(), 0, 1, 8}).empty());
+  for (uint32_t s = 0; s < 128; ++s) bytes[s] = s * 32 | 32u << 16;  // three starts inside each bucket
+  EXPECT_FALSE(BucketTables(rans::Run{bytes.data(), 0, 1, 7}).empty());
 }
 
 TEST(RansKernels, LaneTablesOnlyForAlignedSmallAlphabets) {
