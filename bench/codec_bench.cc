@@ -132,7 +132,7 @@ void BM_RansDecodeRun(benchmark::State& state) {
   }
   const rans::Run run{entries.data(), shared ? 0 : A, C, bits};
   const std::vector<uint32_t> lanes = simd ? rans::LaneTables(run) : std::vector<uint32_t>{};
-  const std::vector<uint8_t> slots = simd && lanes.empty() ? rans::SlotTables(run) : std::vector<uint8_t>{};
+  const std::vector<uint32_t> slots = simd && lanes.empty() ? rans::SlotTables(run) : std::vector<uint32_t>{};
   std::vector<uint8_t> stream(size_t(n) * 2 + 64), out(n);
   std::mt19937 rng(1);
   for (auto& b : stream) b = uint8_t(rng());

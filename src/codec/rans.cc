@@ -653,7 +653,7 @@ class RansStage final : public Stage {
     // where code contexts qualify for decoding two streams side by side.
     struct Lookup {
       std::vector<uint32_t> lanes;
-      std::vector<uint8_t> slots;
+      std::vector<uint32_t> slots;
       std::vector<uint32_t> buckets;
     };
     const bool simd = rans::HaveSimdDecoder();

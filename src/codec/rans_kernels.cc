@@ -101,15 +101,16 @@ std::vector<uint32_t> EncodeLaneTables(const Run& r, const uint32_t* rcp) {
   return t;
 }
 
-std::vector<uint8_t> SlotTables(const Run& r) {
+std::vector<uint32_t> SlotTables(const Run& r) {
   const uint32_t n_tables = r.table_stride == 0 ? 1 : r.n_channel, A = 1u << r.bits;
-  std::vector<uint8_t> t(size_t(n_tables) * kProbScale + 4, 0);
+  std::vector<uint32_t> t(size_t(n_tables) * kProbScale, 0);
   for (uint32_t k = 0; k < n_tables; ++k) {
     const uint32_t* table = r.entries + size_t(k) * r.table_stride;
-    uint8_t* lut = &t[size_t(k) * kProbScale];
+    uint32_t* lut = &t[size_t(k) * kProbScale];
     for (uint32_t s = 0; s < A; ++s) {
       const uint32_t start = table[s] & 0xffff, freq = table[s] >> 16;
-      if (freq != 0 && start + freq <= kProbScale) std::fill_n(lut + start, freq, uint8_t(s));
+      if (freq == 0 || start + freq > kProbScale) continue;
+      for (uint32_t i = 0; i < freq; ++i) lut[start + i] = (freq - 1) << 20 | i << 8 | s;
     }
   }
   return t;
@@ -449,8 +450,45 @@ uint32_t DecodeRunPairAvx512(DecoderState& a, const std::vector<uint32_t>& ta, u
   return j;
 }
 
+// One gather per vector into the slot tables (see SlotTables).
+bool DecodeRunSlots(DecoderState& st, const Run& r, const int* lut, uint32_t n, uint8_t* out) {
+  const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel;
+  alignas(64) uint32_t base_init[kLanes];
+  for (int l = 0; l < kLanes; ++l) base_init[l] = uint32_t(l) % C * kProbScale;
+  // base: the lane's table's first slot entry; it moves on by kLanes channels per group.
+  __m512i base0 = _mm512_load_si512(base_init), base1 = _mm512_load_si512(base_init + 16);
+  const __m512i advance = _mm512_set1_epi32(int(kLanes % C * kProbScale)), wrap = _mm512_set1_epi32(int(C * kProbScale));
+  const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1), bias_mask = _mm512_set1_epi32(0xfff);
+  const __m512i one = _mm512_set1_epi32(1), sym_mask = _mm512_set1_epi32(0xff);
+  __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
+  const uint8_t* ptr = st.ptr;
+  uint32_t j = 0;
+  for (; j < n && st.end - ptr >= 2 * kLanes; j += kLanes) {
+    const __m512i e0 = _mm512_i32gather_epi32(_mm512_add_epi32(base0, _mm512_and_si512(x0, slot_mask)), lut, 4);
+    const __m512i e1 = _mm512_i32gather_epi32(_mm512_add_epi32(base1, _mm512_and_si512(x1, slot_mask)), lut, 4);
+    x0 = _mm512_add_epi32(
+        _mm512_mullo_epi32(_mm512_add_epi32(_mm512_srli_epi32(e0, 20), one), _mm512_srli_epi32(x0, kProbBits)),
+        _mm512_and_si512(_mm512_srli_epi32(e0, 8), bias_mask));
+    x1 = _mm512_add_epi32(
+        _mm512_mullo_epi32(_mm512_add_epi32(_mm512_srli_epi32(e1, 20), one), _mm512_srli_epi32(x1, kProbBits)),
+        _mm512_and_si512(_mm512_srli_epi32(e1, 8), bias_mask));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm512_cvtepi32_epi8(_mm512_and_si512(e0, sym_mask)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 16), _mm512_cvtepi32_epi8(_mm512_and_si512(e1, sym_mask)));
+    Renormalize(x0, ptr);
+    Renormalize(x1, ptr);
+    base0 = _mm512_add_epi32(base0, advance);
+    base0 = _mm512_mask_sub_epi32(base0, _mm512_cmpge_epu32_mask(base0, wrap), base0, wrap);
+    base1 = _mm512_add_epi32(base1, advance);
+    base1 = _mm512_mask_sub_epi32(base1, _mm512_cmpge_epu32_mask(base1, wrap), base1, wrap);
+  }
+  _mm512_storeu_si512(st.x, x0);
+  _mm512_storeu_si512(st.x + 16, x1);
+  st.ptr = ptr;
+  return j >= n || DecodeRunScalar(st, r, j, n, out);
+}
+
 bool DecodeRunAvx512(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables,
-                     const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out) {
+                     const std::vector<uint32_t>& slot_tables, uint32_t n, uint8_t* out) {
   if (!lane_tables.empty()) {
     switch (r.bits) {
       case 1: return DecodeRunScan<2>(st, r, lane_tables.data(), n, out);
@@ -460,10 +498,8 @@ bool DecodeRunAvx512(DecoderState& st, const Run& r, const std::vector<uint32_t>
       default: break;
     }
   }
-  // Byte-addressed 4-byte gathers into the slot tables (their padding keeps the last in bounds).
-  const int* lut = slot_tables.empty() ? nullptr : reinterpret_cast<const int*>(slot_tables.data());
-  const __m512i lut_stride = _mm512_set1_epi32(r.table_stride == 0 ? 0 : int(kProbScale));
-  const __m512i byte = _mm512_set1_epi32(0xff);
+  if (!slot_tables.empty()) return DecodeRunSlots(st, r, reinterpret_cast<const int*>(slot_tables.data()), n, out);
+  // A binary search by gathers over each lane's table.
   const uint32_t C = r.n_channel;
   alignas(64) uint32_t ch_init[kLanes];
   for (int l = 0; l < kLanes; ++l) ch_init[l] = uint32_t(l) % C;
@@ -481,13 +517,7 @@ bool DecodeRunAvx512(DecoderState& st, const Run& r, const std::vector<uint32_t>
     const __m512i b0 = _mm512_mullo_epi32(ch0, stride), b1 = _mm512_mullo_epi32(ch1, stride);
     const __m512i s0 = _mm512_and_si512(x0, slot_mask), s1 = _mm512_and_si512(x1, slot_mask);
     __m512i y0 = _mm512_setzero_si512(), y1 = _mm512_setzero_si512();
-    if (lut != nullptr) {
-      const __m512i i0 = _mm512_add_epi32(_mm512_mullo_epi32(ch0, lut_stride), s0);
-      const __m512i i1 = _mm512_add_epi32(_mm512_mullo_epi32(ch1, lut_stride), s1);
-      y0 = _mm512_and_si512(_mm512_i32gather_epi32(i0, lut, 1), byte);
-      y1 = _mm512_and_si512(_mm512_i32gather_epi32(i1, lut, 1), byte);
-    }
-    for (uint32_t step = lut != nullptr ? 0 : half; step; step >>= 1) {
+    for (uint32_t step = half; step; step >>= 1) {
       const __m512i inc = _mm512_set1_epi32(int(step));
       const __m512i c0 = _mm512_add_epi32(y0, inc), c1 = _mm512_add_epi32(y1, inc);
       const __m512i e0 = _mm512_i32gather_epi32(_mm512_add_epi32(b0, c0), entries, 4);
@@ -548,7 +578,7 @@ uint32_t DecodeRunPair(DecoderState& a, const std::vector<uint32_t>& buckets_a, 
 }
 
 bool DecodeRun(DecoderState& st, const Run& r, const std::vector<uint32_t>& lane_tables,
-               const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out) {
+               const std::vector<uint32_t>& slot_tables, uint32_t n, uint8_t* out) {
 #if KVSERVE_RANS_AVX512
   if (cpu::Use(cpu::Tier::kAvx512)) return DecodeRunAvx512(st, r, lane_tables, slot_tables, n, out);
 #endif

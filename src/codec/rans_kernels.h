@@ -42,10 +42,11 @@ bool DecodeRunScalar(DecoderState& st, const Run& run, uint32_t begin, uint32_t 
 // Empty when the run does not qualify.
 std::vector<uint32_t> LaneTables(const Run& run);
 
-// For larger alphabets: each table's symbol for every slot (kProbScale bytes per table, plus
-// padding for 4-byte gathers), so the decoder needs one lookup instead of a `bits`-step search.
-// Worth building only when the run is long next to the tables (the caller decides).
-std::vector<uint8_t> SlotTables(const Run& run);
+// For larger alphabets: each table's slot entries (kProbScale per table), everything a state
+// needs from its slot in one word: (freq - 1) << 20 | (slot - start) << 8 | s. The decoder then
+// needs one gather per vector instead of a `bits`-step search or a symbol gather followed by an
+// entry gather. Worth building only when the run is long next to the tables (the caller decides).
+std::vector<uint32_t> SlotTables(const Run& run);
 
 // Bucket tables for runs with one table for all channels (stride 0, or a single channel) and
 // alphabets up to 2^7: the 4096 slots cut into kBuckets buckets of 128. Per bucket, the entry
@@ -72,7 +73,7 @@ uint32_t DecodeRunPair(DecoderState& a, const std::vector<uint32_t>& buckets_a, 
 // where given, else slot lookups in `slot_tables` where given, else a binary search by
 // gathers), falling back to the scalar loop for the last groups near the end of the stream.
 bool DecodeRun(DecoderState& st, const Run& run, const std::vector<uint32_t>& lane_tables,
-               const std::vector<uint8_t>& slot_tables, uint32_t n, uint8_t* out);
+               const std::vector<uint32_t>& slot_tables, uint32_t n, uint8_t* out);
 bool HaveSimdDecoder();
 // Whether the encoder runs its AVX-512 loop (the CPU has AVX-512 F/BW/VL/DQ/CD and no cap says otherwise).
 bool HaveSimdEncoder();

@@ -74,7 +74,7 @@ TEST_P(RansKernelTiers, SimdDecodeMatchesScalar) {
           b.end = stream.data() + stream.size();
           std::vector<uint8_t> out_b(n);
           const bool ok_b = DecodeRun(b, run, variant == 0 ? LaneTables(run) : std::vector<uint32_t>{},
-                                      variant == 1 ? SlotTables(run) : std::vector<uint8_t>{}, n, out_b.data());
+                                      variant == 1 ? SlotTables(run) : std::vector<uint32_t>{}, n, out_b.data());
           const std::string what = "bits " + std::to_string(bits) + " channels " + std::to_string(channels) +
                                    (per_channel ? " per channel" : " shared") + " variant " + std::to_string(variant);
           ASSERT_EQ(ok_a, ok_b) << what;
