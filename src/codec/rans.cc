@@ -19,11 +19,11 @@
 // frame checksum did not.
 //
 // Streams: the runs, in decoding order, are cut into streams with states of their own, so that
-// the contexts of a large frame are coded and decoded on several threads (and, where there are
-// at least twice as many streams as threads, two at a time per thread: rans::DecodeRunPair). A cut falls where a
-// code context begins, once the stream before it holds kStreamSymbols codes: a function of the layout
-// alone, so a frame is the same however many threads wrote it, and a frame of one layer (the
-// serving path) still has a stream for K and one for V.
+// the contexts of a large frame are coded on several threads and decoded two streams at a time
+// per thread (rans::DecodeRunPair). A cut falls where a code context begins, once the stream
+// before it holds kStreamSymbols codes: a function of the layout alone, so a frame is the same
+// however many threads wrote it, and a frame of one layer (the serving path) still has a stream
+// for K and one for V.
 //
 // Payload: u8 version 3 | u8 prob_bits | u8 lanes
 //          | u32 n_code_contexts, u8 flags each (bit 0: predicted, bit 1: one table for all channels)
@@ -665,10 +665,13 @@ class RansStage final : public Stage {
       return t;
     };
     std::vector<Lookup> code_lookup(L.code.size());
-    ParallelFor(ctx.pool, L.code.size(), [&](uint64_t k) {
+    auto build_lookup = [&](uint64_t k) {
       code_lookup[k] = lookup_for(L.code[k]);
       if (simd) code_lookup[k].buckets = rans::BucketTables(RunOf(L, L.code[k], entries.data()));
-    });
+    };
+    // A few contexts (a one-layer frame has two) take microseconds: less than waking a thread.
+    if (L.code.size() >= 16) ParallelFor(ctx.pool, L.code.size(), build_lookup);
+    else for (uint64_t k = 0; k < L.code.size(); ++k) build_lookup(k);
     // A stream's place: runs [run, end) left, `done` symbols of the current one decoded into sym.
     struct Cursor {
       uint32_t stream = 0, run = 0, end = 0, done = 0;
@@ -723,13 +726,13 @@ class RansStage final : public Stage {
       }
       if (st.ptr != st.end) errors[cur.stream] = Status::Corrupt("rans stream " + std::to_string(cur.stream) + " has unread bytes");
     };
-    // Each task decodes its streams into their sections of the output on its own thread. Where
-    // the pool has at most half as many threads as there are streams, a task takes two streams
-    // and decodes their runs with bucket tables side by side (rans::DecodeRunPair).
-    const int threads = ctx.pool != nullptr ? ctx.pool->size() : 1;
-    const bool pairs = simd && n_streams >= 2 * uint32_t(threads);
+    // Each task decodes its streams into their sections of the output on its own thread: two
+    // streams, whose runs with bucket tables decode side by side (rans::DecodeRunPair) at about
+    // the speed of two threads decoding one stream each, so a one-layer frame (two streams)
+    // takes one thread either way.
+    const bool pairs = simd && n_streams >= 2;
     const uint32_t n_tasks = pairs ? (n_streams + 1) / 2 : n_streams;
-    ParallelFor(ctx.pool, n_tasks, [&](uint64_t task) {
+    auto decode_task = [&](uint32_t task) {
       thread_local std::vector<uint8_t> sym[2];
       Cursor cur[2];
       const uint32_t n_cur = pairs && 2 * task + 1 < n_streams ? 2 : 1;
@@ -769,6 +772,30 @@ class RansStage final : public Stage {
         }
         check_end(cur[q]);
       }
+    };
+    // Tasks go to threads in contiguous ranges of about equal work. All metadata sits in the
+    // first stream and decodes alone, at about 1.5x the time per symbol of a paired code (on the
+    // VM of docs/results/codec_speed.md), so equal task counts would leave the first thread last.
+    const int parts = ctx.pool != nullptr ? std::min<int>(ctx.pool->size(), int(n_tasks)) : 1;
+    std::vector<uint32_t> part_begin(parts + 1, n_tasks);
+    part_begin[0] = 0;
+    if (parts > 1) {
+      std::vector<double> work(n_tasks + 1, 0);  // work[t]: of the tasks before t
+      for (uint32_t t = 0; t < n_tasks; ++t) {
+        double w = 0;
+        for (uint32_t k = pairs ? 2 * t : t; k < std::min(n_streams, pairs ? 2 * t + 2 : t + 1); ++k) {
+          for (uint32_t ri = bounds[k]; ri < bounds[k + 1]; ++ri) w += (runs[ri].half ? 1.5 : 1.0) * Padded(runs[ri].n);
+        }
+        work[t + 1] = work[t] + w;
+      }
+      for (int p = 1; p < parts; ++p) {
+        const double target = work[n_tasks] * p / parts;
+        part_begin[p] = uint32_t(std::lower_bound(work.begin(), work.end(), target) - work.begin());
+        part_begin[p] = std::clamp(part_begin[p], part_begin[p - 1], n_tasks);
+      }
+    }
+    ParallelFor(ctx.pool, parts, [&](uint64_t p) {
+      for (uint32_t t = part_begin[p]; t < part_begin[p + 1]; ++t) decode_task(t);
     });
     for (const Status& e : errors) KV_RETURN_IF_ERROR(e);
     return Status::Ok();
