@@ -150,6 +150,44 @@ void BM_RansDecodeRun(benchmark::State& state) {
 }
 BENCHMARK(BM_RansDecodeRun)->ArgsProduct({{0, 1}, {2, 4, 8}, {0, 1}})->Unit(benchmark::kMillisecond);
 
+// Two streams with one table each decoded side by side over bucket tables (the `rans` stage's
+// path for code contexts), against BM_RansDecodeRun/1/bits/1 on one; per symbol of both streams.
+void BM_RansDecodePair(benchmark::State& state) {
+  const int bits = int(state.range(0));
+  const uint32_t A = 1u << bits, n = 1u << 20;
+  std::vector<uint32_t> entries(A);
+  std::vector<double> p(A);
+  double total = 0;
+  for (uint32_t s = 0; s < A; ++s) total += p[s] = std::exp(-0.5 * std::pow((s - A / 2.0) / (A / 5.0), 2));
+  uint32_t start = 0;
+  for (uint32_t s = 0; s < A; ++s) {
+    const uint32_t f = s + 1 == A ? rans::kProbScale - start
+                                  : std::max<uint32_t>(1, uint32_t(p[s] / total * (rans::kProbScale - A)));
+    entries[s] = start | f << 16;
+    start += f;
+  }
+  const rans::Run run{entries.data(), 0, 1, bits};
+  const std::vector<uint32_t> buckets = rans::BucketTables(run);
+  if (buckets.empty()) state.SkipWithError("no bucket tables");
+  std::vector<uint8_t> stream(size_t(n) * 4 + 128), out_a(n), out_b(n);
+  std::mt19937 rng(1);
+  for (auto& b : stream) b = uint8_t(rng());
+  for (auto _ : state) {
+    rans::DecoderState a, b;
+    for (int l = 0; l < rans::kLanes; ++l) a.x[l] = b.x[l] = rans::kLow + uint32_t(l);
+    a.ptr = stream.data();
+    a.end = b.ptr = stream.data() + stream.size() / 2;
+    b.end = stream.data() + stream.size();
+    if (rans::DecodeRunPair(a, buckets, out_a.data(), b, buckets, out_b.data(), n) != n) {
+      state.SkipWithError("no AVX-512 or a stream ran out");
+    }
+    benchmark::DoNotOptimize(out_a.data());
+    benchmark::DoNotOptimize(out_b.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * 2 * n);
+}
+BENCHMARK(BM_RansDecodePair)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond);
+
 void BM_Pack(benchmark::State& state) {
   const int bits = static_cast<int>(state.range(0));
   ByteBuffer codes(4096), out(4096);

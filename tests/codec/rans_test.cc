@@ -205,6 +205,15 @@ TEST(RansStage, LargeFramesCodeInStreamsThatDoNotDependOnThreads) {
   EXPECT_NE(st.message().find("rans stream 1 starts at run 0"), std::string::npos) << st.message();
   st = decode_with(dir + 4 + 32 * 4 + 8, second_start + 1);  // a cut off by one section
   EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+  // A damaged word inside the last stream (decoded paired with the one before) is caught by
+  // its final states, on one thread or two.
+  ByteBuffer damaged = testing::Rechecksummed(one, [&](ByteBuffer& buf) { buf[buf.size() - 8 - 5000] ^= 0x5a; });
+  for (const CodecOptions& o : {CodecOptions{}, threaded}) {
+    KvBlock out;
+    st = DecodeKv(damaged, &out, o);
+    EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+    EXPECT_NE(st.message().find("rans stream 7"), std::string::npos) << st.message();
+  }
 }
 
 TEST(RansStage, NeedsSymbols) {
