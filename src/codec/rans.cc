@@ -371,6 +371,33 @@ std::vector<uint32_t> CutStreams(const std::vector<RunRef>& runs, const Layout& 
   return bounds;
 }
 
+// Tasks of `per_task` consecutive streams each (the last may hold fewer), split into
+// contiguous ranges of about equal work, one per thread of the pool: returns the first task of
+// each range, then the task count. All metadata sits in the first stream, and a metadata symbol
+// (byte alphabets: gathers) costs about 1.5x a code symbol on the VM of
+// docs/results/codec_speed.md, so equal task counts would leave the first thread last.
+std::vector<uint32_t> SplitByWork(const std::vector<RunRef>& runs, const std::vector<uint32_t>& bounds,
+                                  uint32_t per_task, ThreadPool* pool) {
+  const uint32_t n_streams = uint32_t(bounds.size() - 1), n_tasks = (n_streams + per_task - 1) / per_task;
+  const uint32_t parts = pool != nullptr ? std::min<uint32_t>(uint32_t(pool->size()), n_tasks) : std::min(1u, n_tasks);
+  std::vector<double> work(n_tasks + 1, 0);  // work[t]: of the tasks before t
+  for (uint32_t t = 0; t < n_tasks; ++t) {
+    double w = 0;
+    for (uint32_t r = bounds[t * per_task]; r < bounds[std::min(n_streams, (t + 1) * per_task)]; ++r) {
+      w += (runs[r].half ? 1.5 : 1.0) * Padded(runs[r].n);
+    }
+    work[t + 1] = work[t] + w;
+  }
+  std::vector<uint32_t> begin(parts + 1, n_tasks);
+  begin[0] = 0;
+  for (uint32_t p = 1; p < parts; ++p) {
+    const double target = work[n_tasks] * p / parts;
+    begin[p] = uint32_t(std::lower_bound(work.begin(), work.end(), target) - work.begin());
+    begin[p] = std::clamp(begin[p], begin[p - 1], n_tasks);
+  }
+  return begin;
+}
+
 class RansStage final : public Stage {
  public:
   RansStage(Choice per_channel, Choice predict) : per_channel_(per_channel), predict_(predict) {}
@@ -418,9 +445,10 @@ class RansStage final : public Stage {
       for (uint32_t t = c.first_table; t < c.first_table + c.n_tables(); ++t) build_table(t);
       lane_tables[k] = rans::EncodeLaneTables(RunOf(L, c, entries.data()), &rcp[o0]);
     });
-    std::vector<uint8_t> sym;
-    for (size_t k = 0; k < L.half.size(); ++k) {
-      // Metadata is entropy coded only where that beats storing it, tables included.
+    // Metadata is entropy coded only where that beats storing it, tables included; one
+    // context per task (a 1024-token llama3-8b block has 128, 8 M symbols in all).
+    ParallelFor(ctx.pool, L.half.size(), [&](uint64_t k) {
+      thread_local std::vector<uint8_t> sym;
       const Context& c = L.half[k];
       HalfSymbols(c, secs, payload, sym);
       uint64_t* lo = &counts[L.table_offset[c.first_table]];
@@ -432,7 +460,7 @@ class RansStage final : public Stage {
         bytes += CostBits(&counts[L.table_offset[t]], 256) / 8 + double(TableBytes(&freq[L.table_offset[t]], 256));
       }
       coded[k] = bytes < double(c.n_symbols);
-    }
+    });
     const std::vector<RunRef> runs = MakeRuns(L, secs, coded.data());
     const std::vector<uint32_t> bounds = CutStreams(runs, L);
     const size_t n_streams = bounds.size() - 1;
@@ -448,7 +476,7 @@ class RansStage final : public Stage {
     ByteBuffer& buffer = stream_buffer;     // this thread's, also where the pool's threads write
     buffer.resize(room);
     std::vector<rans::EncoderState> est(n_streams);
-    ParallelFor(ctx.pool, n_streams, [&](uint64_t s) {
+    auto encode_stream = [&](uint64_t s) {
       thread_local std::vector<uint8_t> sym;
       rans::EncoderState& e = est[s];
       std::fill(e.x, e.x + kLanes, kLow);
@@ -463,6 +491,10 @@ class RansStage final : public Stage {
         rans::EncodeRun(e, RunOf(L, c, entries.data()), &rcp[L.table_offset[c.first_table]],
                         run.half ? kNone : lane_tables[L.context_of[run.index]], uint32_t(sym.size()), sym.data());
       }
+    };
+    const std::vector<uint32_t> part_begin = SplitByWork(runs, bounds, 1, ctx.pool);
+    ParallelFor(ctx.pool, part_begin.size() - 1, [&](uint64_t p) {
+      for (uint32_t s = part_begin[p]; s < part_begin[p + 1]; ++s) encode_stream(s);
     });
     // Header, flags, tables, raw bytes, streams.
     ByteBuffer* o = out.bytes;
@@ -731,7 +763,6 @@ class RansStage final : public Stage {
     // the speed of two threads decoding one stream each, so a one-layer frame (two streams)
     // takes one thread either way.
     const bool pairs = simd && n_streams >= 2;
-    const uint32_t n_tasks = pairs ? (n_streams + 1) / 2 : n_streams;
     auto decode_task = [&](uint32_t task) {
       thread_local std::vector<uint8_t> sym[2];
       Cursor cur[2];
@@ -773,28 +804,8 @@ class RansStage final : public Stage {
         check_end(cur[q]);
       }
     };
-    // Tasks go to threads in contiguous ranges of about equal work. All metadata sits in the
-    // first stream and decodes alone, at about 1.5x the time per symbol of a paired code (on the
-    // VM of docs/results/codec_speed.md), so equal task counts would leave the first thread last.
-    const int parts = ctx.pool != nullptr ? std::min<int>(ctx.pool->size(), int(n_tasks)) : 1;
-    std::vector<uint32_t> part_begin(parts + 1, n_tasks);
-    part_begin[0] = 0;
-    if (parts > 1) {
-      std::vector<double> work(n_tasks + 1, 0);  // work[t]: of the tasks before t
-      for (uint32_t t = 0; t < n_tasks; ++t) {
-        double w = 0;
-        for (uint32_t k = pairs ? 2 * t : t; k < std::min(n_streams, pairs ? 2 * t + 2 : t + 1); ++k) {
-          for (uint32_t ri = bounds[k]; ri < bounds[k + 1]; ++ri) w += (runs[ri].half ? 1.5 : 1.0) * Padded(runs[ri].n);
-        }
-        work[t + 1] = work[t] + w;
-      }
-      for (int p = 1; p < parts; ++p) {
-        const double target = work[n_tasks] * p / parts;
-        part_begin[p] = uint32_t(std::lower_bound(work.begin(), work.end(), target) - work.begin());
-        part_begin[p] = std::clamp(part_begin[p], part_begin[p - 1], n_tasks);
-      }
-    }
-    ParallelFor(ctx.pool, parts, [&](uint64_t p) {
+    const std::vector<uint32_t> part_begin = SplitByWork(runs, bounds, pairs ? 2 : 1, ctx.pool);
+    ParallelFor(ctx.pool, part_begin.size() - 1, [&](uint64_t p) {
       for (uint32_t t = part_begin[p]; t < part_begin[p + 1]; ++t) decode_task(t);
     });
     for (const Status& e : errors) KV_RETURN_IF_ERROR(e);
