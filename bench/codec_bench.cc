@@ -107,6 +107,23 @@ void BM_LowRank(benchmark::State& state, bool decode) {
 BENCHMARK_CAPTURE(BM_LowRank, encode, false)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_LowRank, decode, true)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond);
 
+// A rANS table (entries start | freq << 16) of A symbols shaped like quantisation codes: a
+// discretised Gaussian of standard deviation `width` symbols, every symbol present.
+std::vector<uint32_t> CodeShapedTable(uint32_t A, double width) {
+  std::vector<double> p(A);
+  double total = 0;
+  for (uint32_t s = 0; s < A; ++s) total += p[s] = std::exp(-0.5 * std::pow((s - A / 2.0) / width, 2));
+  std::vector<uint32_t> entries(A);
+  uint32_t start = 0;
+  for (uint32_t s = 0; s < A; ++s) {
+    const uint32_t f = s + 1 == A ? rans::kProbScale - start
+                                  : std::max<uint32_t>(1, uint32_t(p[s] / total * (rans::kProbScale - A)));
+    entries[s] = start | f << 16;
+    start += f;
+  }
+  return entries;
+}
+
 // The rANS decode loop alone, per symbol: scalar reference (arg 0) against the SIMD kernel
 // (arg 1), 128 channels with a table each of 2^bits symbols shaped like quantisation codes
 // (a discretised Gaussian), or (third arg 1) the first of them for every channel, as `rans`
@@ -117,18 +134,10 @@ void BM_RansDecodeRun(benchmark::State& state) {
   const int bits = int(state.range(1));
   const bool shared = state.range(2) != 0;
   const uint32_t A = 1u << bits, C = 128, n = 1u << 20;
-  std::vector<uint32_t> entries(size_t(C) * A);
+  std::vector<uint32_t> entries;
   for (uint32_t ch = 0; ch < C; ++ch) {
-    std::vector<double> p(A);
-    double total = 0;
-    for (uint32_t s = 0; s < A; ++s) total += p[s] = std::exp(-0.5 * std::pow((s - A / 2.0) / (A / 5.0 + ch % 3), 2));
-    uint32_t start = 0;
-    for (uint32_t s = 0; s < A; ++s) {
-      const uint32_t f = s + 1 == A ? rans::kProbScale - start
-                                    : std::max<uint32_t>(1, uint32_t(p[s] / total * (rans::kProbScale - A)));
-      entries[size_t(ch) * A + s] = start | f << 16;
-      start += f;
-    }
+    const std::vector<uint32_t> t = CodeShapedTable(A, A / 5.0 + ch % 3);
+    entries.insert(entries.end(), t.begin(), t.end());
   }
   const rans::Run run{entries.data(), shared ? 0 : A, C, bits};
   const std::vector<uint32_t> lanes = simd ? rans::LaneTables(run) : std::vector<uint32_t>{};
@@ -155,17 +164,7 @@ BENCHMARK(BM_RansDecodeRun)->ArgsProduct({{0, 1}, {2, 4, 8}, {0, 1}})->Unit(benc
 void BM_RansDecodePair(benchmark::State& state) {
   const int bits = int(state.range(0));
   const uint32_t A = 1u << bits, n = 1u << 20;
-  std::vector<uint32_t> entries(A);
-  std::vector<double> p(A);
-  double total = 0;
-  for (uint32_t s = 0; s < A; ++s) total += p[s] = std::exp(-0.5 * std::pow((s - A / 2.0) / (A / 5.0), 2));
-  uint32_t start = 0;
-  for (uint32_t s = 0; s < A; ++s) {
-    const uint32_t f = s + 1 == A ? rans::kProbScale - start
-                                  : std::max<uint32_t>(1, uint32_t(p[s] / total * (rans::kProbScale - A)));
-    entries[s] = start | f << 16;
-    start += f;
-  }
+  const std::vector<uint32_t> entries = CodeShapedTable(A, A / 5.0);
   const rans::Run run{entries.data(), 0, 1, bits};
   const std::vector<uint32_t> buckets = rans::BucketTables(run);
   if (buckets.empty()) state.SkipWithError("no bucket tables");
