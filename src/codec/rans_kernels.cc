@@ -33,6 +33,15 @@ inline uint32_t FindSymbol(const uint32_t* table, int bits, uint32_t slot) {
   return s;
 }
 
+// The decoders' packed entry of symbol s (table entry start | freq << 16): start << 20 |
+// freq << 7 | s, so that comparing it with a slot's key (see PackedKey) compares the starts.
+// Trailing symbols of zero frequency start at the scale, which does not fit 12 bits: they must
+// never match, and all ones never does.
+inline uint32_t PackedEntry(uint32_t entry, uint32_t s) {
+  const uint32_t start = entry & 0xffff;
+  return start >= kProbScale ? ~0u : start << 20 | (entry >> 16) << 7 | s;
+}
+
 }  // namespace
 
 std::vector<uint32_t> LaneTables(const Run& r) {
@@ -43,12 +52,7 @@ std::vector<uint32_t> LaneTables(const Run& r) {
   for (uint32_t b = 0; b < n_block; ++b) {
     for (uint32_t l = 0; l < 16; ++l) {
       const uint32_t* table = r.entries + size_t((b * 16 + l) % C) * r.table_stride;
-      for (uint32_t s = 0; s < A; ++s) {
-        // Trailing symbols of zero frequency start at the scale, which does not fit 12 bits:
-        // they must never match, and all ones never does.
-        const uint32_t start = table[s] & 0xffff;
-        t[(size_t(b) * A + s) * 16 + l] = start >= kProbScale ? ~0u : start << 20 | (table[s] >> 16) << 7 | s;
-      }
+      for (uint32_t s = 0; s < A; ++s) t[(size_t(b) * A + s) * 16 + l] = PackedEntry(table[s], s);
     }
   }
   return t;
@@ -58,7 +62,6 @@ std::vector<uint32_t> BucketTables(const Run& r) {
   if (r.bits > 7 || (r.table_stride != 0 && r.n_channel != 1)) return {};
   constexpr uint32_t kWidth = kProbScale / kBuckets;
   const uint32_t A = 1u << r.bits;
-  auto packed = [&](uint32_t s) { return (r.entries[s] & 0xffff) << 20 | (r.entries[s] >> 16) << 7 | s; };
   std::vector<uint32_t> base(kBuckets, 0);
   std::vector<std::vector<uint32_t>> inside(kBuckets);
   for (uint32_t b = 0; b < kBuckets; ++b) {
@@ -67,8 +70,8 @@ std::vector<uint32_t> BucketTables(const Run& r) {
     // (trailing zero frequencies) fall in no bucket.
     for (uint32_t s = 0; s < A; ++s) {
       const uint32_t start = r.entries[s] & 0xffff;
-      if (start <= b * kWidth) base[b] = packed(s);
-      else if (start < (b + 1) * kWidth) inside[b].push_back(packed(s));
+      if (start <= b * kWidth) base[b] = PackedEntry(r.entries[s], s);
+      else if (start < (b + 1) * kWidth) inside[b].push_back(PackedEntry(r.entries[s], s));
     }
     if (inside[b].size() > kMaxBounds) return {};
   }
@@ -346,6 +349,46 @@ inline void Renormalize(__m512i& x, const uint8_t*& ptr) {
   ptr += 2 * std::popcount(unsigned(m));
 }
 
+// A slot's key against packed entries (see PackedEntry): an entry is <= key exactly when its
+// start is <= slot. The low bits are above every entry's freq << 7 | s (at most 0x8007f), and
+// below the all-ones of a never-matching entry even when slot is 4095.
+inline __m512i PackedKey(__m512i slot) {
+  return _mm512_or_si512(_mm512_slli_epi32(slot, 20), _mm512_set1_epi32((1 << 20) - 2));
+}
+
+// Decodes one vector of states whose packed entries are e: stores the 16 symbols at out and
+// returns the states before renormalisation.
+inline __m512i DecodePacked(__m512i x, __m512i slot, __m512i e, uint8_t* out) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(_mm512_and_si512(e, _mm512_set1_epi32(0x7f))));
+  const __m512i freq = _mm512_and_si512(_mm512_srli_epi32(e, 7), _mm512_set1_epi32(0x1fff));
+  return _mm512_add_epi32(_mm512_mullo_epi32(freq, _mm512_srli_epi32(x, kProbBits)),
+                          _mm512_sub_epi32(slot, _mm512_srli_epi32(e, 20)));
+}
+
+// Per lane, the offset of its channel's table (channel = lane mod C, times `unit`) for the 32
+// lanes of a group, moved on by kLanes channels per group.
+class LaneTableOffsets {
+ public:
+  LaneTableOffsets(uint32_t C, uint32_t unit)
+      : advance_(_mm512_set1_epi32(int(kLanes % C * unit))), wrap_(_mm512_set1_epi32(int(C * unit))) {
+    alignas(64) uint32_t init[kLanes];
+    for (int l = 0; l < kLanes; ++l) init[l] = uint32_t(l) % C * unit;
+    v_[0] = _mm512_load_si512(init);
+    v_[1] = _mm512_load_si512(init + 16);
+  }
+  __m512i operator[](int half) const { return v_[half]; }
+  void Next() {
+    for (__m512i& v : v_) {
+      v = _mm512_add_epi32(v, advance_);
+      v = _mm512_mask_sub_epi32(v, _mm512_cmpge_epu32_mask(v, wrap_), v, wrap_);
+    }
+  }
+
+ private:
+  __m512i v_[2];
+  const __m512i advance_, wrap_;
+};
+
 // Compare-scan decode over lane tables (see LaneTables), A = 2^bits symbols, unrolled.
 template <uint32_t A>
 bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, uint32_t n, uint8_t* out) {
@@ -353,10 +396,6 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
   const bool blocks = C % 16 == 0;
   __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
   const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1);
-  // Low bits of the key: above every entry's freq << 7 | s (at most 0x8007f), and below the
-  // all-ones of a never-matching entry even when slot is 4095.
-  const __m512i below = _mm512_set1_epi32((1 << 20) - 2), freq_mask = _mm512_set1_epi32(0x1fff);
-  const __m512i sym_mask = _mm512_set1_epi32(0x7f);
   const uint8_t* ptr = st.ptr;
   uint32_t j = 0, ch = 0;  // ch: channel of lane 0 (a multiple of 16 when blocks)
   for (; j < n && st.end - ptr >= 2 * kLanes; j += kLanes) {
@@ -364,9 +403,7 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
     const uint32_t* t0 = lane_tables + (blocks ? size_t(ch / 16) * A * 16 : 0);
     const uint32_t* t1 = lane_tables + (blocks ? size_t(ch1 / 16) * A * 16 : 0);
     const __m512i s0 = _mm512_and_si512(x0, slot_mask), s1 = _mm512_and_si512(x1, slot_mask);
-    // An entry is <= key exactly when its start is <= slot.
-    const __m512i k0 = _mm512_or_si512(_mm512_slli_epi32(s0, 20), below);
-    const __m512i k1 = _mm512_or_si512(_mm512_slli_epi32(s1, 20), below);
+    const __m512i k0 = PackedKey(s0), k1 = PackedKey(s1);
     __m512i e0 = _mm512_loadu_si512(t0), e1 = _mm512_loadu_si512(t1);
 #pragma GCC unroll 16
     for (uint32_t s = 1; s < A; ++s) {
@@ -374,14 +411,8 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
       e0 = _mm512_mask_mov_epi32(e0, _mm512_cmple_epu32_mask(v0, k0), v0);
       e1 = _mm512_mask_mov_epi32(e1, _mm512_cmple_epu32_mask(v1, k1), v1);
     }
-    x0 = _mm512_add_epi32(
-        _mm512_mullo_epi32(_mm512_and_si512(_mm512_srli_epi32(e0, 7), freq_mask), _mm512_srli_epi32(x0, kProbBits)),
-        _mm512_sub_epi32(s0, _mm512_srli_epi32(e0, 20)));
-    x1 = _mm512_add_epi32(
-        _mm512_mullo_epi32(_mm512_and_si512(_mm512_srli_epi32(e1, 7), freq_mask), _mm512_srli_epi32(x1, kProbBits)),
-        _mm512_sub_epi32(s1, _mm512_srli_epi32(e1, 20)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm512_cvtepi32_epi8(_mm512_and_si512(e0, sym_mask)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 16), _mm512_cvtepi32_epi8(_mm512_and_si512(e1, sym_mask)));
+    x0 = DecodePacked(x0, s0, e0, out + j);
+    x1 = DecodePacked(x1, s1, e1, out + j + 16);
     Renormalize(x0, ptr);
     Renormalize(x1, ptr);
     if (blocks) ch = ch1 + 16 == C ? 0 : ch1 + 16;
@@ -408,9 +439,6 @@ uint32_t DecodeRunPairAvx512(DecoderState& a, const std::vector<uint32_t>& ta, u
     }
   }
   const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1);
-  // As in DecodeRunScan: an entry is <= key exactly when its start is <= slot.
-  const __m512i below = _mm512_set1_epi32((1 << 20) - 2), freq_mask = _mm512_set1_epi32(0x1fff);
-  const __m512i sym_mask = _mm512_set1_epi32(0x7f);
   __m512i x[4] = {_mm512_loadu_si512(a.x), _mm512_loadu_si512(a.x + 16), _mm512_loadu_si512(b.x),
                   _mm512_loadu_si512(b.x + 16)};
   uint8_t* out[2] = {out_a, out_b};
@@ -423,18 +451,14 @@ uint32_t DecodeRunPairAvx512(DecoderState& a, const std::vector<uint32_t>& ta, u
       const int q = v / 2;
       const __m512i slot = _mm512_and_si512(x[v], slot_mask);
       const __m512i bucket = _mm512_srli_epi32(slot, 7);
-      const __m512i key = _mm512_or_si512(_mm512_slli_epi32(slot, 20), below);
+      const __m512i key = PackedKey(slot);
       __m512i e = _mm512_permutex2var_epi32(lo[q][0], bucket, hi[q][0]);
 #pragma GCC unroll 8
       for (uint32_t k = 1; k <= K; ++k) {
         const __m512i bound = _mm512_permutex2var_epi32(lo[q][k], bucket, hi[q][k]);
         e = _mm512_mask_mov_epi32(e, _mm512_cmple_epu32_mask(bound, key), bound);
       }
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out[q] + j + 16 * (v % 2)),
-                       _mm512_cvtepi32_epi8(_mm512_and_si512(e, sym_mask)));
-      x[v] = _mm512_add_epi32(
-          _mm512_mullo_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 7), freq_mask), _mm512_srli_epi32(x[v], kProbBits)),
-          _mm512_sub_epi32(slot, _mm512_srli_epi32(e, 20)));
+      x[v] = DecodePacked(x[v], slot, e, out[q] + j + 16 * (v % 2));
     }
     Renormalize(x[0], pa);
     Renormalize(x[1], pa);
@@ -452,20 +476,15 @@ uint32_t DecodeRunPairAvx512(DecoderState& a, const std::vector<uint32_t>& ta, u
 
 // One gather per vector into the slot tables (see SlotTables).
 bool DecodeRunSlots(DecoderState& st, const Run& r, const int* lut, uint32_t n, uint8_t* out) {
-  const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel;
-  alignas(64) uint32_t base_init[kLanes];
-  for (int l = 0; l < kLanes; ++l) base_init[l] = uint32_t(l) % C * kProbScale;
-  // base: the lane's table's first slot entry; it moves on by kLanes channels per group.
-  __m512i base0 = _mm512_load_si512(base_init), base1 = _mm512_load_si512(base_init + 16);
-  const __m512i advance = _mm512_set1_epi32(int(kLanes % C * kProbScale)), wrap = _mm512_set1_epi32(int(C * kProbScale));
+  LaneTableOffsets base(r.table_stride == 0 ? 1 : r.n_channel, kProbScale);  // each lane's first slot entry
   const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1), bias_mask = _mm512_set1_epi32(0xfff);
   const __m512i one = _mm512_set1_epi32(1), sym_mask = _mm512_set1_epi32(0xff);
   __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
   const uint8_t* ptr = st.ptr;
   uint32_t j = 0;
   for (; j < n && st.end - ptr >= 2 * kLanes; j += kLanes) {
-    const __m512i e0 = _mm512_i32gather_epi32(_mm512_add_epi32(base0, _mm512_and_si512(x0, slot_mask)), lut, 4);
-    const __m512i e1 = _mm512_i32gather_epi32(_mm512_add_epi32(base1, _mm512_and_si512(x1, slot_mask)), lut, 4);
+    const __m512i e0 = _mm512_i32gather_epi32(_mm512_add_epi32(base[0], _mm512_and_si512(x0, slot_mask)), lut, 4);
+    const __m512i e1 = _mm512_i32gather_epi32(_mm512_add_epi32(base[1], _mm512_and_si512(x1, slot_mask)), lut, 4);
     x0 = _mm512_add_epi32(
         _mm512_mullo_epi32(_mm512_add_epi32(_mm512_srli_epi32(e0, 20), one), _mm512_srli_epi32(x0, kProbBits)),
         _mm512_and_si512(_mm512_srli_epi32(e0, 8), bias_mask));
@@ -476,10 +495,7 @@ bool DecodeRunSlots(DecoderState& st, const Run& r, const int* lut, uint32_t n, 
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 16), _mm512_cvtepi32_epi8(_mm512_and_si512(e1, sym_mask)));
     Renormalize(x0, ptr);
     Renormalize(x1, ptr);
-    base0 = _mm512_add_epi32(base0, advance);
-    base0 = _mm512_mask_sub_epi32(base0, _mm512_cmpge_epu32_mask(base0, wrap), base0, wrap);
-    base1 = _mm512_add_epi32(base1, advance);
-    base1 = _mm512_mask_sub_epi32(base1, _mm512_cmpge_epu32_mask(base1, wrap), base1, wrap);
+    base.Next();
   }
   _mm512_storeu_si512(st.x, x0);
   _mm512_storeu_si512(st.x + 16, x1);
@@ -500,12 +516,7 @@ bool DecodeRunAvx512(DecoderState& st, const Run& r, const std::vector<uint32_t>
   }
   if (!slot_tables.empty()) return DecodeRunSlots(st, r, reinterpret_cast<const int*>(slot_tables.data()), n, out);
   // A binary search by gathers over each lane's table.
-  const uint32_t C = r.n_channel;
-  alignas(64) uint32_t ch_init[kLanes];
-  for (int l = 0; l < kLanes; ++l) ch_init[l] = uint32_t(l) % C;
-  __m512i ch0 = _mm512_load_si512(ch_init), ch1 = _mm512_load_si512(ch_init + 16);
-  const __m512i advance = _mm512_set1_epi32(int(kLanes % C)), n_channel = _mm512_set1_epi32(int(C));
-  const __m512i stride = _mm512_set1_epi32(int(r.table_stride));
+  LaneTableOffsets base(r.n_channel, r.table_stride);  // each lane's table's first entry
   const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1), lo16 = _mm512_set1_epi32(0xffff);
   __m512i x0 = _mm512_loadu_si512(st.x), x1 = _mm512_loadu_si512(st.x + 16);
   const uint8_t* ptr = st.ptr;
@@ -514,7 +525,7 @@ bool DecodeRunAvx512(DecoderState& st, const Run& r, const std::vector<uint32_t>
   uint32_t j = 0;
   // Each group reads at most 2 bytes per state: 64 bytes left means no bounds test inside.
   for (; j < n && st.end - ptr >= 2 * kLanes; j += kLanes) {
-    const __m512i b0 = _mm512_mullo_epi32(ch0, stride), b1 = _mm512_mullo_epi32(ch1, stride);
+    const __m512i b0 = base[0], b1 = base[1];
     const __m512i s0 = _mm512_and_si512(x0, slot_mask), s1 = _mm512_and_si512(x1, slot_mask);
     __m512i y0 = _mm512_setzero_si512(), y1 = _mm512_setzero_si512();
     for (uint32_t step = half; step; step >>= 1) {
@@ -535,10 +546,7 @@ bool DecodeRunAvx512(DecoderState& st, const Run& r, const std::vector<uint32_t>
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 16), _mm512_cvtepi32_epi8(y1));
     Renormalize(x0, ptr);
     Renormalize(x1, ptr);
-    ch0 = _mm512_add_epi32(ch0, advance);
-    ch0 = _mm512_mask_sub_epi32(ch0, _mm512_cmpge_epu32_mask(ch0, n_channel), ch0, n_channel);
-    ch1 = _mm512_add_epi32(ch1, advance);
-    ch1 = _mm512_mask_sub_epi32(ch1, _mm512_cmpge_epu32_mask(ch1, n_channel), ch1, n_channel);
+    base.Next();
   }
   _mm512_storeu_si512(st.x, x0);
   _mm512_storeu_si512(st.x + 16, x1);
