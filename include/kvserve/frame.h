@@ -1,11 +1,13 @@
 // The frame: kvserve's self-describing, checksummed unit of encoded KV, on disk (.kvf) and on
 // the wire. Layout (little-endian):
-//   0 magic "KVSF" | 4 u16 version (2) | 6 u16 header_len | 8 u8 dtype | 9 u8 flags | 10 u8[2] zero
+//   0 magic "KVSF" | 4 u16 version (3) | 6 u16 header_len | 8 u8 dtype | 9 u8 flags | 10 u8[2] zero
 //  12 u32 n_layer | 16 u32 n_head_kv | 20 u32 n_token | 24 u32 head_dim | 28 u32 token_offset
 //  32 u64 payload_len | 40 u64 request_id | 48 u32 layer_begin | 52 u32 n_layer_total
 //  56 u16 spec_len | 58 spec bytes (canonical strategy)
 //  [flags bit 0: u32 count, count x u32 positions of the tokens a selection stage kept]
-//  header_len: payload | u64 XXH3-64 (xxHash) of everything before it
+//  header_len: payload | u64 checksum of everything before it: XXH3-64 (xxHash) of the XXH3-64s
+//  of its 256 KiB chunks (the last one shorter), as little-endian u64s. Version 2 frames, whose
+//  checksum is the XXH3-64 of the bytes, are still read; frames are written as version 3.
 #pragma once
 
 #include <cstdint>
@@ -16,11 +18,14 @@
 
 #include "kvserve/kv.h"
 #include "kvserve/status.h"
+#include "kvserve/thread_pool.h"
 
 namespace kvserve {
 
 inline constexpr char kFrameMagic[4] = {'K', 'V', 'S', 'F'};
-inline constexpr uint16_t kFrameVersion = 2;
+inline constexpr uint16_t kFrameVersion = 3;
+inline constexpr uint16_t kFrameOldestVersion = 2;  // the oldest version ParseFrame reads
+inline constexpr size_t kFrameChecksumChunk = size_t{1} << 18;
 inline constexpr size_t kFrameFixedHeader = 58;
 inline constexpr size_t kFrameChecksumBytes = 8;
 inline constexpr size_t kFrameMaxSpec = 4096;
@@ -56,16 +61,17 @@ struct FrameView {
 
 // Writes the header (payload_len as given) to the end of `out`.
 void AppendFrameHeader(const FrameHeader& header, ByteBuffer* out);
-// After the payload has been appended: patches payload_len and appends the checksum.
+// After the payload has been appended: patches payload_len and appends the checksum (in the
+// form of the version the header names), its chunks hashed on `pool` when one is given.
 // `frame_start` is where AppendFrameHeader began writing.
-Status FinishFrame(ByteBuffer* out, size_t frame_start);
+Status FinishFrame(ByteBuffer* out, size_t frame_start, ThreadPool* pool = nullptr);
 
 // Reads the total frame length from its first kFrameFixedHeader bytes, so a reader of a
 // stream knows how much to read. Fails on a bad magic or version.
 Result<uint64_t> PeekFrameLength(std::span<const uint8_t> prefix);
 // Verifies everything — magic, version, lengths, reserved bytes, checksum, shape — before the
-// payload is touched. Each failure has its own message.
-Result<FrameView> ParseFrame(std::span<const uint8_t> bytes);
+// payload is touched. Each failure has its own message. A pool, when given, shares the checksum.
+Result<FrameView> ParseFrame(std::span<const uint8_t> bytes, ThreadPool* pool = nullptr);
 
 // A KV file (.kvf) is a frame with the identity strategy "none".
 Status WriteKvFile(const std::string& path, const KvBlock& block);

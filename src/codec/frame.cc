@@ -6,10 +6,13 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
+#include "kv/parallel.h"
 #include "kvserve/codec.h"
 #include "kvserve/file.h"
 
@@ -38,15 +41,35 @@ Status CheckPrefix(std::span<const uint8_t> b) {
     return Status::Corrupt("not a kvserve frame: bad magic (expected \"KVSF\")");
   }
   const uint16_t version = Get<uint16_t>(b.data() + 4);
-  if (version != kFrameVersion) {
-    return Status::Unsupported("frame format version " + std::to_string(version) + " (this build reads version " +
-                               std::to_string(kFrameVersion) + ")");
+  if (version < kFrameOldestVersion || version > kFrameVersion) {
+    return Status::Unsupported("frame format version " + std::to_string(version) + " (this build reads versions " +
+                               std::to_string(kFrameOldestVersion) + " to " + std::to_string(kFrameVersion) + ")");
   }
   if (b.size() < kFrameFixedHeader) {
     return Status::Corrupt("truncated frame: " + std::to_string(b.size()) + " bytes, the header alone needs " +
                            std::to_string(kFrameFixedHeader));
   }
   return Status::Ok();
+}
+
+// Below this many bytes a frame is checksummed on the calling thread even when a pool is given:
+// waking a worker costs more than hashing a few chunks.
+constexpr size_t kParallelChecksumBytes = size_t{4} * kFrameChecksumChunk;
+
+// The frame checksum of the n bytes at p (everything before the checksum) in the given version's
+// form. Version 2: XXH3-64 of the bytes. Version 3: XXH3-64 of the chunk hashes, each the XXH3-64
+// of kFrameChecksumChunk bytes (the last chunk shorter), as little-endian u64s; the chunks hash
+// independently, so a pool shares the work and encoding or decoding a large frame on two threads
+// is not held to one thread's hashing speed.
+uint64_t FrameChecksum(const uint8_t* p, size_t n, uint16_t version, ThreadPool* pool) {
+  if (version < 3) return XXH3_64bits(p, n);
+  const size_t chunks = std::max<size_t>(1, (n + kFrameChecksumChunk - 1) / kFrameChecksumChunk);
+  std::vector<uint64_t> hashes(chunks);  // little-endian host (checked in CMake): the u64s are their encoding
+  ParallelFor(n < kParallelChecksumBytes ? nullptr : pool, chunks, [&](uint64_t i) {
+    const size_t begin = i * kFrameChecksumChunk;
+    hashes[i] = XXH3_64bits(p + begin, std::min(kFrameChecksumChunk, n - begin));
+  });
+  return XXH3_64bits(hashes.data(), chunks * sizeof(uint64_t));
 }
 
 }  // namespace
@@ -75,13 +98,13 @@ void AppendFrameHeader(const FrameHeader& h, ByteBuffer* out) {
   }
 }
 
-Status FinishFrame(ByteBuffer* out, size_t frame_start) {
+Status FinishFrame(ByteBuffer* out, size_t frame_start, ThreadPool* pool) {
   if (out->size() < frame_start + kFrameFixedHeader) return Status::Internal("FinishFrame before header");
   uint8_t* f = out->data() + frame_start;
   const uint64_t header_len = Get<uint16_t>(f + 6);
   const uint64_t payload_len = out->size() - frame_start - header_len;
   std::memcpy(f + 32, &payload_len, 8);
-  const uint64_t sum = XXH3_64bits(f, out->size() - frame_start);
+  const uint64_t sum = FrameChecksum(f, out->size() - frame_start, Get<uint16_t>(f + 4), pool);
   Put<uint64_t>(out, sum);
   return Status::Ok();
 }
@@ -99,7 +122,7 @@ Result<uint64_t> PeekFrameLength(std::span<const uint8_t> prefix) {
   return header_len + payload_len + kFrameChecksumBytes;
 }
 
-Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
+Result<FrameView> ParseFrame(std::span<const uint8_t> b, ThreadPool* pool) {
   KV_RETURN_IF_ERROR(CheckPrefix(b));
   const uint8_t* p = b.data();
   const uint16_t header_len = Get<uint16_t>(p + 6);
@@ -130,7 +153,7 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b) {
                            " + 8 bytes, buffer holds " + std::to_string(available));
   }
   const uint64_t want = Get<uint64_t>(p + available - kFrameChecksumBytes);
-  const uint64_t got = XXH3_64bits(p, available - kFrameChecksumBytes);
+  const uint64_t got = FrameChecksum(p, available - kFrameChecksumBytes, Get<uint16_t>(p + 4), pool);
   if (want != got) {
     char buf[96];
     std::snprintf(buf, sizeof buf, "frame checksum mismatch (stored %016llx, computed %016llx)",

@@ -136,7 +136,7 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
     for (uint64_t s = 0; s < block.shape().n_slab(); ++s) {
       frame->insert(frame->end(), block.slab_at(s), block.slab_at(s) + slab_bytes);
     }
-    return FinishFrame(frame, 0);
+    return FinishFrame(frame, 0, opts.pool);
   }
   const std::vector<const StageInfo*>& infos = infos_;
   StageContext ctx;
@@ -194,7 +194,7 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
     frame->push_back(static_cast<uint8_t>(t->dtype()));
     frame->insert(frame->end(), t->data(), t->data() + t->bytes());
   }
-  return FinishFrame(frame, 0);
+  return FinishFrame(frame, 0, opts.pool);
 }
 
 Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions& opts) const {
@@ -306,7 +306,7 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
 }
 
 Status Pipeline::Decode(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts) const {
-  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame));
+  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame, opts.pool));
   if (v.header.spec != canonical_) {
     return Status::InvalidArgument("frame was encoded with '" + v.header.spec + "', this pipeline is '" + canonical_ + "'");
   }
@@ -332,7 +332,7 @@ Result<Pipeline> PipelineForFrame(const FrameView& v, const CodecEnv& env) {
 }  // namespace
 
 Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts, const CodecEnv& env) {
-  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame));
+  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame, opts.pool));
   KV_ASSIGN_OR_RETURN(Pipeline p, PipelineForFrame(v, env));
   return p.DecodeView(v, out, opts);
 }
@@ -341,7 +341,7 @@ LayerAssembler::LayerAssembler(uint64_t request_id, KvBlock* dest, const CodecEn
     : request_id_(request_id), dest_(dest), env_(env), have_(dest->shape().n_layer, false) {}
 
 Status LayerAssembler::Add(std::span<const uint8_t> frame, const CodecOptions& opts) {
-  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame));
+  KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame, opts.pool));
   const FrameHeader& h = v.header;
   const KvShape& want = dest_->shape();
   if (h.request_id != request_id_) {

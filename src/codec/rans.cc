@@ -539,7 +539,14 @@ class RansStage final : public Stage {
       for (int k = 0; k < kLanes; ++k) Put<uint32_t>(o, est[s].x[k]);
       Put<uint64_t>(o, uint64_t(buffer.data() + region_end[s] - est[s].ptr));
     }
-    for (size_t s = 0; s < n_streams; ++s) o->insert(o->end(), est[s].ptr, buffer.data() + region_end[s]);
+    // The streams, copied on the pool: 34 MiB for a 4-bit 1024-token llama3-8b block, a serial
+    // copy of which held two-thread encoding back.
+    std::vector<size_t> stream_at(n_streams + 1, o->size());
+    for (size_t s = 0; s < n_streams; ++s) stream_at[s + 1] = stream_at[s] + (buffer.data() + region_end[s] - est[s].ptr);
+    o->resize(stream_at[n_streams]);
+    ParallelFor(ctx.pool, n_streams, [&](uint64_t s) {
+      std::memcpy(o->data() + stream_at[s], est[s].ptr, stream_at[s + 1] - stream_at[s]);
+    });
     return Status::Ok();
   }
 

@@ -11,6 +11,7 @@
 #include "kvserve/file.h"
 #include "kvserve/frame.h"
 #include "kvserve/synth.h"
+#include "kvserve/thread_pool.h"
 
 namespace kvserve {
 namespace {
@@ -52,6 +53,62 @@ TEST(Frame, EverySingleByteFlipIsDetected) {
   }
 }
 
+// Version 3 checksums 256 KiB chunks on their own (so a pool can share the work): a frame of
+// several chunks comes out byte for byte the same on one thread and on a pool, and damage in
+// any chunk, the last short one included, is caught either way.
+TEST(Frame, ChunkedChecksumIsTheSameOnAPoolAndCatchesDamageInEveryChunk) {
+  KvBlock b = SynthesizeKv(KvShape{4, 4, 1024, 128}, {.seed = 3}).value();  // 8 MiB of f16
+  ThreadPool pool(2);
+  CodecOptions on_pool;
+  on_pool.pool = &pool;
+  const ByteBuffer alone = EncodeKv(b, "none").value();
+  ASSERT_EQ(EncodeKv(b, "none", on_pool).value(), alone);
+  const size_t chunks = (alone.size() - kFrameChecksumBytes + kFrameChecksumChunk - 1) / kFrameChecksumChunk;
+  ASSERT_GT(chunks, 8u);
+  ASSERT_NE((alone.size() - kFrameChecksumBytes) % kFrameChecksumChunk, 0u);  // the last chunk is short
+  KvBlock out;
+  ASSERT_TRUE(DecodeKv(alone, &out, on_pool).ok());
+  EXPECT_EQ(out.bytes(), b.bytes());
+  EXPECT_EQ(std::memcmp(out.data(), b.data(), b.bytes()), 0);
+  for (size_t c = 0; c < chunks; ++c) {
+    ByteBuffer bad = alone;
+    bad[std::min(bad.size() - kFrameChecksumBytes - 1, c * kFrameChecksumChunk + 4097)] ^= 0x10;
+    for (const CodecOptions& o : {CodecOptions{}, on_pool}) {
+      const Status st = DecodeKv(bad, &out, o);
+      EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos) << "chunk " << c << ": " << st.ToString();
+    }
+  }
+  // Two chunks swapped keep every chunk hash but not their order.
+  ByteBuffer swapped = alone;
+  std::swap_ranges(swapped.begin() + kFrameChecksumChunk, swapped.begin() + 2 * kFrameChecksumChunk,
+                   swapped.begin() + 2 * kFrameChecksumChunk);
+  EXPECT_NE(DecodeKv(swapped, &out).message().find("checksum mismatch"), std::string::npos);
+}
+
+// Frames written as version 2 (checksum: XXH3-64 of the bytes) by earlier builds still read.
+TEST(Frame, Version2FramesStillRead) {
+  KvBlock b = SynthesizeKv(KvShape{2, 2, 12, 8}, {.seed = 9}).value();
+  ByteBuffer f;
+  FrameHeader h;
+  h.version = 2;
+  h.dtype = b.dtype();
+  h.shape = b.shape();
+  h.spec = "none";
+  AppendFrameHeader(h, &f);
+  f.insert(f.end(), b.data(), b.data() + b.bytes());
+  ASSERT_TRUE(FinishFrame(&f, 0).ok());
+  ByteBuffer v3 = EncodeKv(b, "none").value();
+  ASSERT_EQ(f.size(), v3.size());
+  EXPECT_NE(f, v3);  // another version and another checksum
+  FrameView v = ParseFrame(f).value();
+  EXPECT_EQ(v.header.version, 2);
+  KvBlock out;
+  ASSERT_TRUE(DecodeKv(f, &out).ok());
+  EXPECT_EQ(std::memcmp(out.data(), b.data(), b.bytes()), 0);
+  f[f.size() / 2] ^= 1;
+  EXPECT_NE(DecodeKv(f, &out).message().find("checksum mismatch"), std::string::npos);
+}
+
 TEST(Frame, EveryTruncationIsRejected) {
   const ByteBuffer good = SmallFrame("quant(kbits=4,vbits=2)");
   KvBlock out;
@@ -76,6 +133,9 @@ TEST(Frame, EachFailureHasItsOwnMessage) {
   Status st = DecodeKv(b, &out);
   EXPECT_EQ(st.code(), StatusCode::kUnsupported);
   EXPECT_NE(st.message().find("version 9"), std::string::npos);
+  EXPECT_NE(st.message().find("versions 2 to 3"), std::string::npos) << st.message();
+  b[4] = 1;
+  EXPECT_EQ(DecodeKv(b, &out).code(), StatusCode::kUnsupported);
   b = good;
   b[good.size() / 2] ^= 1;
   EXPECT_NE(DecodeKv(b, &out).message().find("checksum mismatch"), std::string::npos);
