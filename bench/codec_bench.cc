@@ -97,6 +97,24 @@ void BM_DecodeChecksum(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeChecksum)->ArgsProduct({{2, 3}, {1, 2}})->Unit(benchmark::kMillisecond);
 
+// The checksum alone, as an encoder finishes a frame: the 4-bit quant frame's bytes, version
+// arg0's form, arg1 threads. Bytes/s are of the frame.
+void BM_FinishFrame(benchmark::State& state) {
+  ByteBuffer frame;
+  (void)Pipeline::Create("quant(kbits=4,vbits=4)").value().Encode(Block(), &frame);
+  const uint16_t version = uint16_t(state.range(0));
+  std::memcpy(frame.data() + 4, &version, 2);
+  const size_t body = frame.size() - kFrameChecksumBytes;
+  ThreadPool pool(int(state.range(1)));
+  for (auto _ : state) {
+    frame.resize(body);
+    if (!FinishFrame(&frame, 0, state.range(1) > 1 ? &pool : nullptr).ok()) state.SkipWithError("finish failed");
+    benchmark::DoNotOptimize(frame.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * body);
+}
+BENCHMARK(BM_FinishFrame)->ArgsProduct({{2, 3}, {1, 2}})->Unit(benchmark::kMillisecond);
+
 BENCHMARK_CAPTURE(BM_Encode, quant4, "quant(kbits=4,vbits=4)")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Decode, quant4, "quant(kbits=4,vbits=4)")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Encode, quant2, "quant(kbits=2,vbits=2)")->Unit(benchmark::kMillisecond);
