@@ -73,18 +73,23 @@ void BM_Decode(benchmark::State& state, const char* spec) {
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * b.bytes());
 }
+// The block's 4-bit quant frame, stamped as frame `version` (its checksum in that version's form).
+ByteBuffer Quant4FrameAs(uint16_t version) {
+  ByteBuffer frame;
+  (void)Pipeline::Create("quant(kbits=4,vbits=4)").value().Encode(Block(), &frame);
+  std::memcpy(frame.data() + 4, &version, 2);
+  frame.resize(frame.size() - kFrameChecksumBytes);
+  (void)FinishFrame(&frame, 0);
+  return frame;
+}
+
 // Whole 4-bit quant decode, the frame's checksum in the form of version arg0 (2: one XXH3 over
 // the frame, serial; 3: 256 KiB chunks, shared by the pool) on arg1 threads: what the chunked
 // checksum buys a decode at two threads, in one process (machine noise cancels).
 void BM_DecodeChecksum(benchmark::State& state) {
   const KvBlock& b = Block();
   Pipeline p = Pipeline::Create("quant(kbits=4,vbits=4)").value();
-  ByteBuffer frame;
-  (void)p.Encode(b, &frame);
-  const uint16_t version = uint16_t(state.range(0));
-  std::memcpy(frame.data() + 4, &version, 2);
-  frame.resize(frame.size() - kFrameChecksumBytes);
-  if (!FinishFrame(&frame, 0).ok()) state.SkipWithError("restamp failed");
+  const ByteBuffer frame = Quant4FrameAs(uint16_t(state.range(0)));
   ThreadPool pool(int(state.range(1)));
   CodecOptions o;
   o.pool = state.range(1) > 1 ? &pool : nullptr;
@@ -100,10 +105,7 @@ BENCHMARK(BM_DecodeChecksum)->ArgsProduct({{2, 3}, {1, 2}})->Unit(benchmark::kMi
 // The checksum alone, as an encoder finishes a frame: the 4-bit quant frame's bytes, version
 // arg0's form, arg1 threads. Bytes/s are of the frame.
 void BM_FinishFrame(benchmark::State& state) {
-  ByteBuffer frame;
-  (void)Pipeline::Create("quant(kbits=4,vbits=4)").value().Encode(Block(), &frame);
-  const uint16_t version = uint16_t(state.range(0));
-  std::memcpy(frame.data() + 4, &version, 2);
+  ByteBuffer frame = Quant4FrameAs(uint16_t(state.range(0)));
   const size_t body = frame.size() - kFrameChecksumBytes;
   ThreadPool pool(int(state.range(1)));
   for (auto _ : state) {

@@ -52,10 +52,6 @@ Status CheckPrefix(std::span<const uint8_t> b) {
   return Status::Ok();
 }
 
-// Below this many bytes a frame is checksummed on the calling thread even when a pool is given:
-// waking a worker costs more than hashing a few chunks.
-constexpr size_t kParallelChecksumBytes = size_t{4} * kFrameChecksumChunk;
-
 // The frame checksum of the n bytes at p (everything before the checksum) in the given version's
 // form. Version 2: XXH3-64 of the bytes. Version 3: XXH3-64 of the chunk hashes, each the XXH3-64
 // of kFrameChecksumChunk bytes (the last chunk shorter), as little-endian u64s; the chunks hash
@@ -65,7 +61,7 @@ uint64_t FrameChecksum(const uint8_t* p, size_t n, uint16_t version, ThreadPool*
   if (version < 3) return XXH3_64bits(p, n);
   const size_t chunks = std::max<size_t>(1, (n + kFrameChecksumChunk - 1) / kFrameChecksumChunk);
   std::vector<uint64_t> hashes(chunks);  // little-endian host (checked in CMake): the u64s are their encoding
-  ParallelFor(n < kParallelChecksumBytes ? nullptr : pool, chunks, [&](uint64_t i) {
+  ParallelFor(PoolForBytes(pool, n), chunks, [&](uint64_t i) {
     const size_t begin = i * kFrameChecksumChunk;
     hashes[i] = XXH3_64bits(p + begin, std::min(kFrameChecksumChunk, n - begin));
   });

@@ -657,18 +657,17 @@ size_t EncodeBlockAvx512(const T* src, size_t rows, size_t D, size_t group, int 
   // Single-plane widths whose rows line up with the plane quantise straight into packed bytes
   // (QuantizePackPlane, which asks for the next block itself); the others ask here.
   const bool packs = (bits == 1 || bits == 2 || bits == 4 || bits == 8) && rows % (8 / bits) == 0;
-  const bool ahead = !packs;
   if (group == 0) {
     for (size_t c = 0; c < D; c += 128) {
       switch (std::min<size_t>(8, (D - c) / 16)) {
-        case 1: ColumnMinMaxStripes<1>(src + c, x + c, rows, D, mn + c, mx + c, ahead); break;
-        case 2: ColumnMinMaxStripes<2>(src + c, x + c, rows, D, mn + c, mx + c, ahead); break;
-        case 3: ColumnMinMaxStripes<3>(src + c, x + c, rows, D, mn + c, mx + c, ahead); break;
-        case 4: ColumnMinMaxStripes<4>(src + c, x + c, rows, D, mn + c, mx + c, ahead); break;
-        case 5: ColumnMinMaxStripes<5>(src + c, x + c, rows, D, mn + c, mx + c, ahead); break;
-        case 6: ColumnMinMaxStripes<6>(src + c, x + c, rows, D, mn + c, mx + c, ahead); break;
-        case 7: ColumnMinMaxStripes<7>(src + c, x + c, rows, D, mn + c, mx + c, ahead); break;
-        default: ColumnMinMaxStripes<8>(src + c, x + c, rows, D, mn + c, mx + c, ahead); break;
+        case 1: ColumnMinMaxStripes<1>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 2: ColumnMinMaxStripes<2>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 3: ColumnMinMaxStripes<3>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 4: ColumnMinMaxStripes<4>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 5: ColumnMinMaxStripes<5>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 6: ColumnMinMaxStripes<6>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 7: ColumnMinMaxStripes<7>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        default: ColumnMinMaxStripes<8>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
       }
     }
   } else {
@@ -685,7 +684,7 @@ size_t EncodeBlockAvx512(const T* src, size_t rows, size_t D, size_t group, int 
       }
     };
     for (size_t r = 0; r < rows; ++r) {
-      if (ahead) Prefetch(src + (rows + r) * D, D * sizeof(T));
+      if (!packs) Prefetch(src + (rows + r) * D, D * sizeof(T));
       size_t g = 0;
       for (; g + 4 <= ng; g += 4) {
         __m512 l0, l1, l2, l3, h0, h1, h2, h3;
@@ -714,20 +713,21 @@ size_t EncodeBlockAvx512(const T* src, size_t rows, size_t D, size_t group, int 
   const float* inv = s.inv.data();
   auto fused = [&](auto plane_bits) {
     constexpr int W = decltype(plane_bits)::value;
-    if (rows % (8 / W) != 0) return false;
     std::memcpy(dst, s.lo_h.data(), m * 2);
     std::memcpy(dst + m * 2, s.step_h.data(), m * 2);
     const char* next = reinterpret_cast<const char*>(src + rows * D);
     const size_t next_bytes = rows * D * sizeof(T);
     if (group == 0) QuantizePackPlane<W, true>(x, rows, D, D, lo, inv, levels, dst + m * 4, next, next_bytes);
     else QuantizePackPlane<W, false>(x, rows, D, group, lo, inv, levels, dst + m * 4, next, next_bytes);
-    return true;
+    return m;
   };
-  switch (bits) {
-    case 1: if (fused(std::integral_constant<int, 1>{})) return m; break;
-    case 2: if (fused(std::integral_constant<int, 2>{})) return m; break;
-    case 4: if (fused(std::integral_constant<int, 4>{})) return m; break;
-    case 8: if (fused(std::integral_constant<int, 8>{})) return m; break;
+  if (packs) {
+    switch (bits) {
+      case 1: return fused(std::integral_constant<int, 1>{});
+      case 2: return fused(std::integral_constant<int, 2>{});
+      case 4: return fused(std::integral_constant<int, 4>{});
+      default: return fused(std::integral_constant<int, 8>{});
+    }
   }
   if (group == 0)
     QuantizeColumnsFast(x, rows, D, lo, inv, levels, s.codes.data());

@@ -540,12 +540,11 @@ class RansStage final : public Stage {
       Put<uint64_t>(o, uint64_t(buffer.data() + region_end[s] - est[s].ptr));
     }
     // The streams, copied on the pool: 34 MiB for a 4-bit 1024-token llama3-8b block, a serial
-    // copy of which held two-thread encoding back. Under 1 MiB waking a thread costs more.
+    // copy of which held two-thread encoding back.
     std::vector<size_t> stream_at(n_streams + 1, o->size());
     for (size_t s = 0; s < n_streams; ++s) stream_at[s + 1] = stream_at[s] + (buffer.data() + region_end[s] - est[s].ptr);
     o->resize(stream_at[n_streams]);
-    const bool big = stream_at[n_streams] - stream_at[0] >= (size_t{1} << 20);
-    ParallelFor(big ? ctx.pool : nullptr, n_streams, [&](uint64_t s) {
+    ParallelFor(PoolForBytes(ctx.pool, stream_at[n_streams] - stream_at[0]), n_streams, [&](uint64_t s) {
       std::memcpy(o->data() + stream_at[s], est[s].ptr, stream_at[s + 1] - stream_at[s]);
     });
     return Status::Ok();

@@ -1,6 +1,7 @@
 // Internal: the loop helper codec stages and the synthesizer use over a caller's ThreadPool.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -17,5 +18,9 @@ inline void ParallelFor(ThreadPool* pool, uint64_t n, const std::function<void(u
   }
   pool->ParallelFor(n, fn);
 }
+
+// The pool for a loop over `bytes` of memory-bound work (hashing, copying): none below 1 MiB,
+// where waking a worker costs more than the work it takes over.
+inline ThreadPool* PoolForBytes(ThreadPool* pool, uint64_t bytes) { return bytes < (uint64_t{1} << 20) ? nullptr : pool; }
 
 }  // namespace kvserve
