@@ -14,13 +14,28 @@ a="${prefix}-a" b="${prefix}-b"
 
 usage() { sed -n '2,10p' "$0" >&2; exit 2; }
 
+# Tries what the script will do, not a part of it: make a namespace, enter it (`ip netns exec`
+# remounts / and /sys, which a container may refuse even where `ip netns add` works), and make a
+# veth pair across it. Says why on failure; `why` is set for the skip message.
+why=""
 have_privilege() {
-  local probe="${prefix}-probe$$"
-  if ip netns add "$probe" 2> /dev/null; then
-    ip netns del "$probe"
-    return 0
+  local probe="${prefix}-probe$$" out
+  if ! out=$(ip netns add "$probe" 2>&1); then
+    why="creating network namespaces needs CAP_NET_ADMIN (${out:-refused})"
+    return 1
   fi
-  return 1
+  if ! out=$(ip netns exec "$probe" true 2>&1); then
+    ip netns del "$probe" 2> /dev/null || true
+    why="this machine lets a namespace be made but not entered: ip netns exec said '${out//$'\n'/ }'"
+    return 1
+  fi
+  if ! out=$(ip link add "${prefix}-pv$$" netns "$probe" type veth peer name "${prefix}-pw$$" netns "$probe" 2>&1); then
+    ip netns del "$probe" 2> /dev/null || true
+    why="this machine cannot make a veth pair: ${out//$'\n'/ }"
+    return 1
+  fi
+  ip netns del "$probe" 2> /dev/null || true
+  return 0
 }
 
 down() {
@@ -72,7 +87,7 @@ up() {
 cmd="$1"
 shift
 if ! have_privilege; then
-  echo "netns-link: skipped: creating network namespaces needs CAP_NET_ADMIN (run as root, or use the in-process shaper: --shape-gbps)" >&2
+  echo "netns-link: skipped: $why (run as root where namespaces can be entered, or use the in-process shaper: --shape-gbps)" >&2
   exit 77
 fi
 case "$cmd" in

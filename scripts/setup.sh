@@ -11,7 +11,7 @@ packages=(
   clang libclang-rt-14-dev
   gnuplot-nox
   python3-dev python3-pybind11 python3-numpy python3-pytest
-  qemu-user debootstrap dpkg-dev
+  qemu-user debootstrap dpkg-dev file
 )
 missing=()
 for p in "${packages[@]}"; do

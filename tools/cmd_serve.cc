@@ -80,17 +80,37 @@ int HttpStatusFor(const Status& st) {
   }
 }
 
+// JSON text that never throws: bytes that are not UTF-8 (echoed from a request, or a model's
+// byte tokens cut mid-character) become U+FFFD.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void ReplyError(httplib::Response& res, const Status& st) {
   res.status = HttpStatusFor(st);
-  res.set_content(json{{"error", st.ToString()}}.dump() + "\n", "application/json");
+  res.set_content(Dump(json{{"error", st.ToString()}}) + "\n", "application/json");
+}
+
+// A handler that throws answers 500 with the reason in JSON — not cpp-httplib's default, which
+// puts the exception text in a response header — and the server goes on.
+void AnswerExceptions(httplib::Server& svr) {
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string why = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+    ReplyError(res, Status::Internal("request failed: " + why));
+  });
 }
 
 Status RunDecode(const ModelFlags& mf, const std::string& listen, const std::string& metrics_listen, double timeout_s,
-                 LogLevel log) {
+                 uint32_t max_connections, LogLevel log) {
   BlockStopSignals();
   KV_ASSIGN_OR_RETURN(LlamaModel model, mf.Load());
   auto transport = MakeTcpTransport();
-  DecodeNode node(transport.get(), DecodeNodeOptions{.model = &model, .env = Codec(), .request_timeout_s = timeout_s});
+  DecodeNode node(transport.get(), DecodeNodeOptions{.model = &model, .env = Codec(), .request_timeout_s = timeout_s,
+                                                     .max_connections = max_connections});
   KV_RETURN_IF_ERROR(node.Start(listen));
   std::string host;
   uint16_t port;
@@ -126,7 +146,11 @@ void AddNodeRoutes(httplib::Server& svr, const LlamaModel& model, LogLevel log, 
                    std::function<Result<ServeResponse>(const ServeRequest&)> serve, std::function<std::string()> metrics,
                    std::function<double()> bandwidth_gbps) {
   auto next_id = std::make_shared<std::atomic<uint64_t>>(1);
-  svr.set_payload_max_length(size_t(model.config.seq_len) * 64 + (64 << 10));
+  // The longest body a valid request can have: its prompt as text (every token at most the
+  // longest piece, escaped) or as ids, and the other fields.
+  svr.set_payload_max_length(size_t(model.config.seq_len) * std::max<size_t>(12, 6 * model.tokenizer.max_piece_bytes()) +
+                             (64 << 10));
+  AnswerExceptions(svr);
   svr.Post("/generate", [&model, log, serve, next_id](const httplib::Request& req, httplib::Response& res) {
     auto parsed = ParseServeRequest(req.body, &model.tokenizer, model.config.seq_len - 1);
     if (!parsed.ok()) return ReplyError(res, parsed.status());
@@ -134,7 +158,7 @@ void AddNodeRoutes(httplib::Server& svr, const LlamaModel& model, LogLevel log, 
     if (r.id == 0) r.id = (*next_id)++;
     auto out = serve(r);
     if (!out.ok()) {
-      if (log != LogLevel::kQuiet) std::fprintf(stderr, "%s\n", json{{"id", r.id}, {"error", out.status().ToString()}}.dump().c_str());
+      if (log != LogLevel::kQuiet) std::fprintf(stderr, "%s\n", Dump(json{{"id", r.id}, {"error", out.status().ToString()}}).c_str());
       return ReplyError(res, out.status());
     }
     const std::string body = ServeResponseJson(out.value(), &model.tokenizer);
@@ -143,7 +167,7 @@ void AddNodeRoutes(httplib::Server& svr, const LlamaModel& model, LogLevel log, 
       json line = json::parse(body);
       line.erase("tokens");
       line.erase("text");
-      std::fprintf(stderr, "%s\n", line.dump().c_str());
+      std::fprintf(stderr, "%s\n", Dump(line).c_str());
     }
     res.set_content(body + "\n", "application/json");
   });
@@ -249,42 +273,39 @@ Status RunRouter(const std::string& listen, const std::vector<std::string>& peer
     uint16_t port;
     KV_RETURN_IF_ERROR(ParseHostPort(p, &h, &port));
   }
-  std::atomic<uint64_t> next{0}, routed{0}, failed{0};
+  std::atomic<uint64_t> next{0}, routed_count{0}, failed{0};
   httplib::Server svr;
   svr.set_payload_max_length(16 << 20);
+  AnswerExceptions(svr);
   svr.Post("/generate", [&](const httplib::Request& req, httplib::Response& res) {
     const double t0 = NowSeconds();
-    json j = json::parse(req.body, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return ReplyError(res, Status::InvalidArgument("request is not a JSON object"));
-    if (!j.contains("label") || !j["label"].is_string() || j["label"].get<std::string>().empty()) {
-      const size_t n = j.contains("tokens") && j["tokens"].is_array() ? j["tokens"].size()
-                       : j.contains("prompt") && j["prompt"].is_string() ? j["prompt"].get<std::string>().size() / 4
-                                                                         : 0;
-      j["label"] = n >= long_prompt ? "long" : "short";
-    }
+    // Validated and re-built from the fields a node reads (nesting bounded), never forwarded
+    // as the client sent it.
+    auto routed = RouteRequest(req.body, long_prompt);
+    if (!routed.ok()) return ReplyError(res, routed.status());
     Status last = Status::Unavailable("no prefill node answered");
     for (size_t k = 0; k < peers.size(); ++k) {
       const std::string& peer = peers[(next++ + k) % peers.size()];
       httplib::Client cli("http://" + peer);
       cli.set_connection_timeout(std::chrono::seconds(2));
       cli.set_read_timeout(std::chrono::duration<double>(timeout_s));
-      auto r = cli.Post("/generate", j.dump(), "application/json");
+      auto r = cli.Post("/generate", routed->body, "application/json");
       if (!r) {
         last = Status::Unavailable("prefill node " + peer + ": " + httplib::to_string(r.error()));
         continue;
       }
-      json out = json::parse(r->body, nullptr, false);
+      json out = CheckJsonNesting(r->body, kMaxRequestJsonDepth).ok() ? json::parse(r->body, nullptr, false) : json();
       if (!out.is_discarded() && out.is_object() && r->status == 200) {
-        out["router"] = {{"label", j["label"]}, {"prefill_node", peer}, {"jct_ms", (NowSeconds() - t0) * 1e3}};
-        routed++;
-        if (log == LogLevel::kDebug) std::fprintf(stderr, "%s\n", out["router"].dump().c_str());
-        res.set_content(out.dump() + "\n", "application/json");
+        out["router"] = {{"label", routed->label}, {"prefill_node", peer}, {"jct_ms", (NowSeconds() - t0) * 1e3}};
+        routed_count++;
+        if (log == LogLevel::kDebug) std::fprintf(stderr, "%s\n", Dump(out["router"]).c_str());
+        res.set_content(Dump(out) + "\n", "application/json");
         return;
       }
       // A 4xx is the request's fault: no other node would answer differently.
       res.status = r->status;
       res.set_content(r->body, "application/json");
-      if (r->status < 500) return;
+      if (r->status < 500 && r->status >= 400) return;
       last = Status::Unavailable("prefill node " + peer + " answered " + std::to_string(r->status));
     }
     failed++;
@@ -292,7 +313,7 @@ Status RunRouter(const std::string& listen, const std::vector<std::string>& peer
   });
   svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content("# TYPE kvserve_router_requests_total counter\nkvserve_router_requests_total{node=\"router\"} " +
-                        std::to_string(routed.load()) +
+                        std::to_string(routed_count.load()) +
                         "\n# TYPE kvserve_router_errors_total counter\nkvserve_router_errors_total{node=\"router\"} " +
                         std::to_string(failed.load()) + "\n",
                     "text/plain; version=0.0.4");
@@ -417,12 +438,15 @@ void AddServeCommands(CLI::App& app) {
     auto timeout = std::make_shared<double>(30);
     auto log = std::make_shared<std::string>("info");
     auto metrics = std::make_shared<std::string>();
+    auto max_connections = std::make_shared<uint32_t>(DecodeNodeOptions{}.max_connections);
     mf->Add(c);
     c->add_option("--listen", *listen, "host:port for prefill nodes (port 0: a free one, printed)")->capture_default_str();
     c->add_option("--metrics", *metrics, "HTTP host:port serving /metrics (default: none)");
     c->add_option("--timeout", *timeout, "seconds a request's frames may take to arrive")->capture_default_str()->check(InRange(0.01, 3600));
+    c->add_option("--max-connections", *max_connections, "connections served at once (a thread each); more are refused")
+        ->capture_default_str()->check(InRange(1, 1 << 16));
     c->add_option("--log-level", *log, "quiet | info | debug")->capture_default_str()->check(levels);
-    SetAction(c, [=]() { return RunDecode(*mf, *listen, *metrics, *timeout, ParseLogLevel(*log)); });
+    SetAction(c, [=]() { return RunDecode(*mf, *listen, *metrics, *timeout, *max_connections, ParseLogLevel(*log)); });
   }
   {
     auto* c = serve->add_subcommand("prefill", "Prefill node: HTTP POST /generate; prefills, chooses a strategy, streams KV to a decode node");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -91,6 +92,9 @@ struct CodecOptions {
   const std::vector<float>* token_scores = nullptr;
   uint64_t max_decoded_bytes = uint64_t{16} << 30;  // refuse frames that would decode to more
   uint64_t request_id = 0;    // Encode: written into the frame header
+  // DecodeKv: the frame's request id must be this (kCorrupt otherwise, before anything is
+  // decoded): a value bound to the key it was stored under (PoolValueTag).
+  std::optional<uint64_t> require_request_id;
 };
 
 class CalibrationStore;  // kvserve/calib.h

@@ -52,9 +52,14 @@ class Tokenizer {
 
   uint32_t vocab_size() const { return static_cast<uint32_t>(pieces_.size()); }
   const std::string& piece(uint32_t id) const { return pieces_[id]; }
+  float score(uint32_t id) const { return scores_[id]; }
   // SentencePiece-style BPE: optional BOS, a leading space, characters (byte fallback where
   // the vocabulary has <0xXX> tokens, else <unk>), then merges by best score.
+  // O(n log n) in the text's length.
   std::vector<int> Encode(std::string_view text, bool bos) const;
+  // The longest piece in bytes: a text of more than max_prompt * max_piece_bytes() bytes
+  // cannot encode to max_prompt tokens, so servers refuse it before encoding.
+  size_t max_piece_bytes() const;
   // Text of `id` following `prev` (the space after BOS is dropped, <0xXX> become bytes).
   std::string Decode(int prev, int id) const;
   std::string DecodeAll(const std::vector<int>& ids) const;

@@ -34,6 +34,10 @@ std::vector<std::string> PrefixChainHashes(const PoolKeyOptions& o, std::span<co
 // "kvs:{TAG}:CHAIN:STRATEGYHASH" for chunk `chunk` of `chain` stored with canonical `strategy`.
 std::string PoolChunkKey(const PoolKeyOptions& o, const std::vector<std::string>& chain, size_t chunk,
                          const std::string& strategy);
+// What a value stored under `key` carries in its frame's request id (XXH3-64 of the key): the
+// fetch checks it, so a valid frame copied or moved under another key is a miss, never KV of
+// other tokens.
+uint64_t PoolValueTag(const std::string& key);
 
 // ---- Backends -----------------------------------------------------------------------------------
 struct PoolStats {
@@ -53,14 +57,23 @@ class KvPool {
   virtual std::string name() const = 0;
   virtual Status Put(const std::string& key, std::span<const uint8_t> value) = 0;
   // Pipelined: one round trip per backend node for the whole batch where the backend allows.
-  virtual Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys) = 0;
+  // A value longer than max_value_bytes (the largest a caller's values can be), or whose stored
+  // header claims so, is kCorrupt naming its key — found before anything is allocated or
+  // fetched for it, so a forged value cannot make a reader allocate what it claims.
+  virtual Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys,
+                                                                  uint64_t max_value_bytes) = 0;
+  Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys) {
+    return GetMany(keys, kAnyValueBytes);
+  }
   virtual Result<std::vector<bool>> ExistsMany(const std::vector<std::string>& keys) = 0;
   virtual Status Delete(const std::string& key) = 0;
   virtual Result<PoolStats> Stats() = 0;
   // Drops every value (tests and benchmarks start from an empty pool).
   virtual Status Clear() = 0;
 
-  Result<std::optional<ByteBuffer>> Get(const std::string& key);
+  Result<std::optional<ByteBuffer>> Get(const std::string& key, uint64_t max_value_bytes = kAnyValueBytes);
+
+  static constexpr uint64_t kAnyValueBytes = uint64_t{1} << 40;
 };
 
 struct EmbeddedPoolOptions {

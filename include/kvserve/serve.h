@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -74,6 +75,7 @@ struct NodeMetrics {
 struct SyntheticModel {
   std::string name = "llama3-8b";
   uint32_t n_layer = 32, n_head_kv = 8, head_dim = 128;
+  uint32_t max_prompt_tokens = 32768;  // the longest prompt a node of this shape takes
   double prefill_tokens_per_second = 25000;
   double decode_tokens_per_second = 200;
   uint64_t kv_bytes_per_token() const { return uint64_t{2} * 2 * n_layer * n_head_kv * head_dim; }
@@ -86,9 +88,13 @@ struct DecodeNodeOptions {
   const SyntheticModel* synthetic = nullptr;  // instead of `model`: KV checked, then generation time
   CodecEnv env;
   double request_timeout_s = 30;  // a request whose frames stop arriving fails after this
+  // Connections served at once (a thread each); beyond, a connection is told so and closed.
+  uint32_t max_connections = 64;
 };
 
-// Serves connections from prefill nodes, one thread per connection, until Stop().
+// Serves connections from prefill nodes, one thread per connection (at most max_connections),
+// until Stop(). Every message is bounded before it is read: a request message by
+// kControlMessageBytes, a frame by twice the raw KV of the prompt it announced.
 class DecodeNode {
  public:
   DecodeNode(Transport* transport, DecodeNodeOptions opts);
@@ -100,7 +106,8 @@ class DecodeNode {
 
  private:
   void AcceptLoop();
-  void Serve(std::unique_ptr<Connection> c);
+  void Serve(std::shared_ptr<Connection> c);
+  void ServeRequests(Connection* c);
   Transport* transport_;
   DecodeNodeOptions opts_;
   std::unique_ptr<Listener> listener_;
@@ -218,8 +225,31 @@ class PoolNode {
   NodeMetrics metrics_;
 };
 
+// ---- What one request may ask for ---------------------------------------------------------------
+// Bodies nest at most this deep (a JSON array or object per level); deeper is refused before it
+// is parsed.
+inline constexpr int kMaxRequestJsonDepth = 16;
+// A strategy a request names: at most this long and this many stages, each stage once, so a
+// request cannot buy seconds of codec time per KV byte (270 zstd(level=19) stages did).
+inline constexpr size_t kMaxRequestStrategyBytes = 1024;
+inline constexpr size_t kMaxRequestStrategyStages = 8;
+// InvalidArgument when `text` nests arrays or objects deeper than max_depth (strings skipped).
+Status CheckJsonNesting(std::string_view text, int max_depth);
+// The canonical form of a strategy a request names, within the limits above.
+Result<std::string> RequestStrategy(const std::string& text);
+
 // JSON bodies of the HTTP API and the wire messages (one place, so both ends agree).
+// `max_prompt` bounds the prompt in tokens; text that cannot fit is refused before tokenizing.
 Result<ServeRequest> ParseServeRequest(const std::string& json, const Tokenizer* tokenizer, uint32_t max_prompt);
 std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer);
+
+// The router's view of a request: its workload label (the request's own, a string, or "long" /
+// "short" by prompt length) and the body to forward — only the fields a node reads, so what the
+// router re-serialises is bounded by what it validated.
+struct RoutedRequest {
+  std::string label;
+  std::string body;
+};
+Result<RoutedRequest> RouteRequest(const std::string& body, uint32_t long_prompt_tokens);
 
 }  // namespace kvserve

@@ -43,6 +43,10 @@ class Connection {
   virtual ~Connection() = default;
   virtual Status Send(MessageKind kind, std::span<const uint8_t> body, Clock::time_point deadline) = 0;
   virtual Result<Message> Receive(Clock::time_point deadline) = 0;
+  // Receive refuses (kOutOfRange, closing the connection) a message announcing more than this,
+  // before reading its body; a node narrows it to what the next message may hold. Starts at the
+  // transport's max_message_bytes.
+  virtual void set_max_message_bytes(uint64_t bytes) = 0;
   virtual void Close() = 0;
   virtual std::string peer() const = 0;
 };

@@ -333,6 +333,10 @@ Result<Pipeline> PipelineForFrame(const FrameView& v, const CodecEnv& env) {
 
 Status DecodeKv(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts, const CodecEnv& env) {
   KV_ASSIGN_OR_RETURN(FrameView v, ParseFrame(frame, opts.pool));
+  if (opts.require_request_id && v.header.request_id != *opts.require_request_id) {
+    return Status::Corrupt("frame carries request id " + std::to_string(v.header.request_id) + ", not the " +
+                           std::to_string(*opts.require_request_id) + " it was fetched for");
+  }
   KV_ASSIGN_OR_RETURN(Pipeline p, PipelineForFrame(v, env));
   return p.DecodeView(v, out, opts);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <queue>
 
 #include "kvserve/file.h"
 #include "kvserve/model.h"
@@ -90,26 +91,60 @@ std::vector<int> Tokenizer::Encode(std::string_view text, bool bos) const {
     }
     i += len;
   }
+  // Merges, best score first (the leftmost pair among equals), as the quadratic loop "rescan
+  // every pair, merge the best" would do — over a linked list of symbols and a heap of candidate
+  // pairs, so a long text costs O(n log n) instead of O(n^2). A heap entry whose symbols changed
+  // since it was pushed is stale and skipped.
   const size_t first = bos ? 1 : 0;
+  const size_t n = ids.size();
+  if (n < first + 2) return ids;
+  std::vector<size_t> prev(n), next(n);
+  std::vector<uint32_t> version(n, 0);
+  std::vector<bool> alive(n, true);
+  for (size_t i = 0; i < n; ++i) prev[i] = i - 1, next[i] = i + 1;  // i - 1 wraps for i = 0: never followed
+  struct Pair {
+    float score;
+    size_t left, right;
+    uint32_t left_version, right_version;
+    int id;
+  };
+  // std::priority_queue pops the largest: higher score first, then the smaller (leftmost) position.
+  auto worse = [](const Pair& a, const Pair& b) { return a.score != b.score ? a.score < b.score : a.left > b.left; };
+  std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> heap(worse);
   std::string merged;
-  while (true) {
-    float best = -1e30f;
-    int best_id = -1;
-    size_t best_at = 0;
-    for (size_t i = first; i + 1 < ids.size(); ++i) {
-      merged = pieces_[ids[i]] + pieces_[ids[i + 1]];
-      const int id = Lookup(merged);
-      if (id >= 0 && scores_[id] > best) {
-        best = scores_[id];
-        best_id = id;
-        best_at = i;
-      }
+  auto consider = [&](size_t l, size_t r) {
+    merged.assign(pieces_[ids[l]]);
+    merged += pieces_[ids[r]];
+    const int id = Lookup(merged);
+    if (id >= 0 && scores_[id] > -1e30f) heap.push({scores_[id], l, r, version[l], version[r], id});
+  };
+  for (size_t i = first; i + 1 < n; ++i) consider(i, i + 1);
+  while (!heap.empty()) {
+    const Pair p = heap.top();
+    heap.pop();
+    if (!alive[p.left] || !alive[p.right] || version[p.left] != p.left_version || version[p.right] != p.right_version ||
+        next[p.left] != p.right) {
+      continue;
     }
-    if (best_id < 0) break;
-    ids[best_at] = best_id;
-    ids.erase(ids.begin() + best_at + 1);
+    ids[p.left] = p.id;
+    version[p.left]++;
+    alive[p.right] = false;
+    next[p.left] = next[p.right];
+    if (next[p.left] < n) prev[next[p.left]] = p.left;
+    if (p.left > first) consider(prev[p.left], p.left);
+    if (next[p.left] < n) consider(p.left, next[p.left]);
   }
-  return ids;
+  std::vector<int> out;
+  out.reserve(n);
+  for (size_t i = 0; i < first; ++i) out.push_back(ids[i]);
+  for (size_t i = first; i < n; i = next[i]) out.push_back(ids[i]);
+  return out;
+}
+
+size_t Tokenizer::max_piece_bytes() const {
+  size_t m = 1;
+  for (const std::string& p : pieces_) m = std::max(m, p.size());
+  return m;
 }
 
 std::string Tokenizer::Decode(int prev, int id) const {

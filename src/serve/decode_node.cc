@@ -58,7 +58,12 @@ void DecodeNode::Stop() {
 void DecodeNode::AcceptLoop() {
   while (!stopping_) {
     auto c = listener_->Accept(DeadlineIn(0.2));
-    if (!c.ok()) continue;
+    if (!c.ok()) {
+      // Out of descriptors (EMFILE) or another accept error: the pending connection stays
+      // queued and poll() would wake at once, so back off instead of spinning on a core.
+      if (c.status().code() != StatusCode::kUnavailable) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     // Threads of connections that ended are joined here, so a long-lived node holds only the
     // threads of its open connections.
@@ -69,52 +74,65 @@ void DecodeNode::AcceptLoop() {
       workers_.erase(it);
     }
     finished_.clear();
-    open_.push_back(c.value().get());
-    workers_.emplace_back([this, conn = std::move(c).value()]() mutable { Serve(std::move(conn)); });
+    std::unique_ptr<Connection> conn = std::move(c).value();
+    if (open_.size() >= opts_.max_connections) {
+      metrics_.errors++;
+      (void)SendJson(conn.get(), MessageKind::kError,
+                     {{"error", "decode node busy: " + std::to_string(open_.size()) + " connections open (--max-connections)"}},
+                     DeadlineIn(0.1));
+      conn->Close();
+      continue;
+    }
+    std::shared_ptr<Connection> shared(std::move(conn));
+    open_.push_back(shared.get());
+    try {
+      workers_.emplace_back([this, shared]() mutable { Serve(std::move(shared)); });
+    } catch (const std::exception& e) {
+      // No thread to be had (a pids or memory limit): this connection is refused, not the node.
+      metrics_.errors++;
+      open_.erase(std::remove(open_.begin(), open_.end(), shared.get()), open_.end());
+      (void)SendJson(shared.get(), MessageKind::kError, {{"error", std::string("decode node cannot start a thread: ") + e.what()}},
+                     DeadlineIn(0.1));
+      shared->Close();
+    }
   }
 }
 
 // One connection, one request at a time; the connection ends when the peer closes it.
-void DecodeNode::Serve(std::unique_ptr<Connection> c) {
+void DecodeNode::ServeRequests(Connection* c) {
   const SyntheticModel* synth = opts_.synthetic;
   // What the KV must look like: the model's, or the synthetic stand-in's.
   const uint32_t n_layer = synth ? synth->n_layer : opts_.model->config.n_layer;
   const uint32_t n_head_kv = synth ? synth->n_head_kv : opts_.model->config.n_head_kv;
   const uint32_t head_dim = synth ? synth->head_dim : opts_.model->config.head_dim();
-  const uint32_t seq_len = synth ? (1u << 30) : opts_.model->config.seq_len;
+  const uint32_t max_prompt = synth ? synth->max_prompt_tokens : opts_.model->config.seq_len - 1;
+  const uint32_t max_new_limit = synth ? (1u << 20) : opts_.model->config.seq_len;
   const uint32_t vocab = synth ? (1u << 30) : opts_.model->config.vocab_size;
+  const uint64_t bytes_per_token = uint64_t{2} * n_layer * n_head_kv * head_dim * (synth ? 2 : 4);
   while (!stopping_) {
+    c->set_max_message_bytes(serve_internal::kControlMessageBytes);
     auto first = c->Receive(DeadlineIn(opts_.request_timeout_s * 4));
     if (!first.ok()) break;  // closed or idle: nothing in flight
     const Clock::time_point t0 = Clock::now();
     auto fail = [&](const Status& st) {
       metrics_.errors++;
-      (void)SendJson(c.get(), MessageKind::kError, {{"error", st.ToString()}}, DeadlineIn(1));
+      (void)SendJson(c, MessageKind::kError, {{"error", st.ToString()}}, DeadlineIn(1));
     };
     if (first->kind != MessageKind::kRequest) {
       fail(Status::InvalidArgument(std::string("expected a request, got a ") + MessageKindName(first->kind) + " message"));
       break;
     }
-    uint64_t id = 0;
-    uint32_t max_new = 0, prompt_len = 0;
-    int first_token = 0;
-    {
-      const json j = json::parse(first->body.begin(), first->body.end(), nullptr, false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_number_unsigned() ||
-          !j.contains("max_new_tokens") || !j["max_new_tokens"].is_number_unsigned() || !j.contains("first_token") ||
-          !j["first_token"].is_number_integer() || !j.contains("prompt_len") || !j["prompt_len"].is_number_unsigned()) {
-        fail(Status::InvalidArgument("malformed request message"));
-        break;
-      }
-      id = j["id"].get<uint64_t>();
-      max_new = uint32_t(std::min<uint64_t>(j["max_new_tokens"].get<uint64_t>(), seq_len));
-      first_token = j["first_token"].get<int>();
-      prompt_len = uint32_t(std::min<uint64_t>(j["prompt_len"].get<uint64_t>(), uint64_t{1} << 31));
-      if (first_token < 0 || uint32_t(first_token) >= vocab || prompt_len == 0 || prompt_len >= seq_len) {
-        fail(Status::InvalidArgument("request " + std::to_string(id) + ": first token or prompt length out of range"));
-        break;
-      }
+    auto parsed = serve_internal::ParseDecodeRequest(first->body, vocab, max_prompt, max_new_limit);
+    if (!parsed.ok()) {
+      fail(parsed.status());
+      break;
     }
+    const uint64_t id = parsed->id;
+    const uint32_t max_new = parsed->max_new_tokens, prompt_len = parsed->prompt_len;
+    const int first_token = parsed->first_token;
+    // A frame holds at most the prompt's KV (all layers, for a whole-request strategy), coded:
+    // twice its raw bytes and a header bound whatever strategy made it.
+    c->set_max_message_bytes(2 * bytes_per_token * prompt_len + (1 << 20));
     const Clock::time_point deadline = DeadlineIn(opts_.request_timeout_s);
     KvBlock kv;
     std::unique_ptr<LayerAssembler> assembler;
@@ -170,7 +188,7 @@ void DecodeNode::Serve(std::unique_ptr<Connection> c) {
           done = true;
         } else if (rounds++ == 0) {
           metrics_.resent_layers += missing.size();
-          st = SendJson(c.get(), MessageKind::kResend, {{"layers", missing}}, deadline);
+          st = SendJson(c, MessageKind::kResend, {{"layers", missing}}, deadline);
           if (!st.ok()) connection_ok = false;
         } else {
           st = Status::Corrupt("request " + std::to_string(id) + ": " + std::to_string(missing.size()) +
@@ -200,7 +218,20 @@ void DecodeNode::Serve(std::unique_ptr<Connection> c) {
                          {"decode_s", decode_s},
                          {"transfer_s", Seconds(t0, g0)},
                          {"generate_s", Seconds(g0, Clock::now())}};
-    if (!SendJson(c.get(), MessageKind::kResult, result, DeadlineIn(opts_.request_timeout_s)).ok()) break;
+    if (!SendJson(c, MessageKind::kResult, result, DeadlineIn(opts_.request_timeout_s)).ok()) break;
+  }
+}
+
+// The connection's thread: its requests, then (whatever happened, an exception included) the
+// connection closed and this thread marked for joining.
+void DecodeNode::Serve(std::shared_ptr<Connection> c) {
+  const Status st = serve_internal::Guarded("decode connection", [&] {
+    ServeRequests(c.get());
+    return Status::Ok();
+  });
+  if (!st.ok()) {
+    metrics_.errors++;
+    (void)SendJson(c.get(), MessageKind::kError, {{"error", st.ToString()}}, DeadlineIn(0.5));
   }
   c->Close();
   std::lock_guard<std::mutex> lock(mu_);

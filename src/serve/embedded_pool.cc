@@ -34,7 +34,9 @@ class EmbeddedPool final : public KvPool {
     return Status::Ok();
   }
 
-  Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys) override {
+  using KvPool::GetMany;
+  Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys,
+                                                          uint64_t max_value_bytes) override {
     std::vector<std::shared_ptr<const ByteBuffer>> found(keys.size());
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -44,6 +46,10 @@ class EmbeddedPool final : public KvPool {
         if (it == map_.end()) {
           stats_.misses++;
           continue;
+        }
+        if (it->second.value->size() > max_value_bytes) {
+          return Status::Corrupt("pool value '" + keys[i] + "' holds " + std::to_string(it->second.value->size()) +
+                                 " bytes, above the " + std::to_string(max_value_bytes) + " a value here may have");
         }
         stats_.hits++;
         lru_.splice(lru_.begin(), lru_, it->second.lru);

@@ -51,8 +51,10 @@ std::string PoolChunkKey(const PoolKeyOptions& o, const std::vector<std::string>
   return "kvs:{" + tag.substr(0, 16) + "}:" + chain[chunk] + ":" + s;
 }
 
-Result<std::optional<ByteBuffer>> KvPool::Get(const std::string& key) {
-  KV_ASSIGN_OR_RETURN(std::vector<std::optional<ByteBuffer>> v, GetMany({key}));
+uint64_t PoolValueTag(const std::string& key) { return XXH3_64bits(key.data(), key.size()); }
+
+Result<std::optional<ByteBuffer>> KvPool::Get(const std::string& key, uint64_t max_value_bytes) {
+  KV_ASSIGN_OR_RETURN(std::vector<std::optional<ByteBuffer>> v, GetMany({key}, max_value_bytes));
   return std::move(v.front());
 }
 

@@ -121,76 +121,92 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
   struct Item {
     size_t chunk;
     ByteBuffer value;
+    bool corrupt = false;  // the pool refused the value (a forged part header, too long)
   };
+  const uint32_t n_layer = opts_.synthetic ? opts_.synthetic->n_layer : opts_.model->config.n_layer;
+  const uint32_t n_head_kv = opts_.synthetic ? opts_.synthetic->n_head_kv : opts_.model->config.n_head_kv;
+  const uint32_t head_dim = opts_.synthetic ? opts_.synthetic->head_dim : opts_.model->config.head_dim();
+  // The largest value a chunk of this model can have: its KV in f32, coded (twice the raw bytes
+  // bound any strategy's frame), and a frame header. Longer values are refused unread.
+  const uint64_t raw_chunk_bytes = uint64_t{2} * n_layer * n_head_kv * opts_.chunk_tokens * head_dim * sizeof(float);
+  const uint64_t max_value_bytes = 2 * raw_chunk_bytes + (64 << 10);
   serve_internal::BoundedQueue<Item> queue(2);
   Status fetch_status;
   double wire_s = 0;
   std::thread fetcher([&] {
-    for (size_t c = 0; c < n_chunks; ++c) {
-      const Clock::time_point w0 = Clock::now();
-      auto v = opts_.pool->Get(keys[c]);
-      if (!v.ok()) {
-        fetch_status = v.status();
-        break;
+    fetch_status = serve_internal::Guarded("fetching from the pool", [&]() -> Status {
+      for (size_t c = 0; c < n_chunks; ++c) {
+        const Clock::time_point w0 = Clock::now();
+        auto v = opts_.pool->Get(keys[c], max_value_bytes);
+        if (!v.ok() && v.status().code() == StatusCode::kCorrupt) {
+          (void)queue.Push({c, {}, true});
+          return Status::Ok();
+        }
+        KV_RETURN_IF_ERROR(v.status());
+        if (!v.value()) break;  // evicted between lookup and fetch: recompute from here
+        if (opts_.pool_link) opts_.pool_link->Take(v.value()->size());
+        wire_s += Seconds(w0, Clock::now());
+        if (!queue.Push({c, std::move(*v.value())})) break;
       }
-      if (!v.value()) break;  // evicted between lookup and fetch: recompute from here
-      if (opts_.pool_link) opts_.pool_link->Take(v.value()->size());
-      wire_s += Seconds(w0, Clock::now());
-      if (!queue.Push({c, std::move(*v.value())})) break;
-    }
+      return Status::Ok();
+    });
     queue.Finish();
   });
-  const uint32_t n_layer = opts_.synthetic ? opts_.synthetic->n_layer : opts_.model->config.n_layer;
-  const uint32_t n_head_kv = opts_.synthetic ? opts_.synthetic->n_head_kv : opts_.model->config.n_head_kv;
-  const uint32_t head_dim = opts_.synthetic ? opts_.synthetic->head_dim : opts_.model->config.head_dim();
   KvBlock chunk;
   CodecOptions co;
   co.pool = opts_.threads;
   // A value claiming more than one chunk of f32 KV is refused before anything is allocated.
-  co.max_decoded_bytes = uint64_t{2} * n_layer * n_head_kv * opts_.chunk_tokens * head_dim * sizeof(float);
-  while (auto item = queue.Pop()) {
-    const Clock::time_point d0 = Clock::now();
-    out->bytes += item->value.size();
-    // Verified before use: the decode checks the checksum; then it must be this chunk of this
-    // model's KV.
-    bool fits = DecodeKv(item->value, &chunk, co, opts_.env).ok();
-    if (fits) {
-      const KvShape& h = chunk.shape();
-      fits = h.n_layer == n_layer && h.n_head_kv == n_head_kv && h.head_dim == head_dim && h.n_token == opts_.chunk_tokens &&
-             chunk.positions().empty() && chunk.token_offset() == item->chunk * opts_.chunk_tokens;
-    }
-    if (fits && cache != nullptr) {
-      const KvShape& s = chunk.shape();
-      if (out->slots + s.n_token > cache->block.shape().n_token) {
-        fits = false;
-      } else {
-        KvBlock f32;
-        const KvBlock* src = &chunk;
-        if (chunk.dtype() != DType::kF32) {
-          auto conv = chunk.ConvertTo(DType::kF32);
-          fits = conv.ok();
-          if (fits) f32 = std::move(conv).value(), src = &f32;
-        }
-        for (uint64_t slab = 0; fits && slab < s.n_slab(); ++slab) {
-          std::memcpy(cache->block.slab_at(slab) + size_t(out->slots) * head_dim * sizeof(float), src->slab_at(slab),
-                      size_t(s.n_token) * head_dim * sizeof(float));
+  co.max_decoded_bytes = raw_chunk_bytes;
+  // Under a catch: an exception here, with the fetcher still running, would end the process.
+  const Status decode_status = serve_internal::Guarded("decoding pool values", [&]() -> Status {
+    while (auto item = queue.Pop()) {
+      const Clock::time_point d0 = Clock::now();
+      out->bytes += item->value.size();
+      // Verified before use: the decode checks the checksum and that the frame was stored under
+      // this key (a valid frame moved from another key is refused); then it must be this chunk of
+      // this model's KV.
+      co.require_request_id = PoolValueTag(keys[item->chunk]);
+      bool fits = !item->corrupt && DecodeKv(item->value, &chunk, co, opts_.env).ok();
+      if (fits) {
+        const KvShape& h = chunk.shape();
+        fits = h.n_layer == n_layer && h.n_head_kv == n_head_kv && h.head_dim == head_dim && h.n_token == opts_.chunk_tokens &&
+               chunk.positions().empty() && chunk.token_offset() == item->chunk * opts_.chunk_tokens;
+      }
+      if (fits && cache != nullptr) {
+        const KvShape& s = chunk.shape();
+        if (out->slots + s.n_token > cache->block.shape().n_token) {
+          fits = false;
+        } else {
+          KvBlock f32;
+          const KvBlock* src = &chunk;
+          if (chunk.dtype() != DType::kF32) {
+            auto conv = chunk.ConvertTo(DType::kF32);
+            fits = conv.ok();
+            if (fits) f32 = std::move(conv).value(), src = &f32;
+          }
+          for (uint64_t slab = 0; fits && slab < s.n_slab(); ++slab) {
+            std::memcpy(cache->block.slab_at(slab) + size_t(out->slots) * head_dim * sizeof(float), src->slab_at(slab),
+                        size_t(s.n_token) * head_dim * sizeof(float));
+          }
         }
       }
+      out->decode_s += Seconds(d0, Clock::now());
+      if (!fits) {
+        // Never used: deleted so the next request recomputes and stores it again.
+        metrics_.pool_corrupt++;
+        (void)opts_.pool->Delete(keys[item->chunk]);
+        queue.Close();
+        break;
+      }
+      out->chunks++;
+      out->slots += chunk.shape().n_token;
     }
-    out->decode_s += Seconds(d0, Clock::now());
-    if (!fits) {
-      // Never used: deleted so the next request recomputes and stores it again.
-      metrics_.pool_corrupt++;
-      (void)opts_.pool->Delete(keys[item->chunk]);
-      queue.Close();
-      break;
-    }
-    out->chunks++;
-    out->slots += chunk.shape().n_token;
-  }
+    return Status::Ok();
+  });
   queue.Close();
   fetcher.join();
   out->wire_s = wire_s;
+  KV_RETURN_IF_ERROR(decode_status);
   return fetch_status;
 }
 
@@ -200,6 +216,23 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   if (req.max_new_tokens < 1) return Status::InvalidArgument("max_new_tokens must be at least 1");
   const uint32_t n = uint32_t(req.prompt.size());
   if (opts_.model) KV_RETURN_IF_ERROR(serve_internal::CheckPrompt(opts_.model->config, req.prompt));
+  // The copies this request may use: the node's, or the one it names (which must be one this
+  // node stores, and a strategy this node can code).
+  std::vector<size_t> candidates = candidates_;
+  if (!req.strategy.empty()) {
+    KV_ASSIGN_OR_RETURN(std::string spec, CanonicalStrategy(req.strategy));
+    KV_RETURN_IF_ERROR(Pipeline::Create(spec, opts_.env).status().WithContext("'strategy'"));
+    std::string stored;
+    candidates.clear();
+    for (size_t s : candidates_) {
+      if (s_[s].spec == spec) candidates.push_back(s);
+      stored += (stored.empty() ? "'" : ", '") + s_[s].spec + "'";
+    }
+    if (candidates.empty()) {
+      return Status::InvalidArgument("'strategy' " + spec + " is not a copy this pool node stores (policy " + opts_.policy +
+                                     (stored.empty() ? ": none" : ": " + stored) + ")");
+    }
+  }
   ServeResponse out;
   out.id = req.id;
   out.strategy = "none";
@@ -210,16 +243,16 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   const size_t n_full = chain.size();
   // How many leading chunks the pool holds in each candidate copy (one pipelined lookup).
   std::vector<size_t> present(s_.size(), 0);
-  if (n_full > 0 && !candidates_.empty()) {
+  if (n_full > 0 && !candidates.empty()) {
     std::vector<std::string> keys;
-    for (size_t s : candidates_)
+    for (size_t s : candidates)
       for (size_t c = 0; c < n_full; ++c) keys.push_back(PoolChunkKey(ko, chain, c, s_[s].spec));
     auto exists = opts_.pool->ExistsMany(keys);
     if (exists.ok()) {
-      for (size_t k = 0; k < candidates_.size(); ++k) {
+      for (size_t k = 0; k < candidates.size(); ++k) {
         size_t c = 0;
         while (c < n_full && (*exists)[k * n_full + c]) ++c;
-        present[candidates_[k]] = c;
+        present[candidates[k]] = c;
       }
     } else {
       metrics_.pool_errors++;  // the pool is down: serve as a miss
@@ -233,7 +266,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   size_t fetch_chunks = 0;
   double planned_bw = 0;  // adaptive: the bandwidth the decision used
   bool any_present = false;
-  for (size_t s : candidates_) any_present |= present[s] > 0;
+  for (size_t s : candidates) any_present |= present[s] > 0;
   double tps;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -244,7 +277,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   if (any_present) {
     if (opts_.policy == "adaptive") {
       std::vector<PoolOption> options;
-      for (size_t s : candidates_)
+      for (size_t s : candidates)
         if (present[s]) options.push_back({uint32_t(s), uint32_t(present[s] * opts_.chunk_tokens)});
       PoolFetchRequest r;
       r.prompt_tokens = n;
@@ -266,8 +299,8 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
       out.explanation = d.explanation;
       if (d.option >= 0) fetch_strategy = int(options[size_t(d.option)].strategy), fetch_chunks = present[size_t(fetch_strategy)];
     } else {
-      fetch_strategy = int(candidates_.front());
-      fetch_chunks = present[candidates_.front()];
+      fetch_strategy = int(candidates.front());
+      fetch_chunks = present[candidates.front()];
       out.explanation = "fixed pool strategy " + ShortSpec(s_[size_t(fetch_strategy)].spec);
     }
   } else {
@@ -350,7 +383,9 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   // is not exact either, so only a miss, a recompute or an uncompressed fetch stores. The
   // prompt's KV is taken before generation extends the cache.
   const bool exact = cached == 0 || s_[size_t(fetch_strategy)].none();
-  const std::vector<size_t> store = n_full > 0 && exact ? StoreChoice(floor) : std::vector<size_t>{};
+  const std::vector<size_t> store = !(n_full > 0 && exact) ? std::vector<size_t>{}
+                                    : req.strategy.empty()  ? StoreChoice(floor)
+                                                            : candidates;
   if (opts_.model && !store.empty()) {
     KV_ASSIGN_OR_RETURN(prompt_kv, cache->Prefix(uint32_t(n_full * opts_.chunk_tokens)));
   }
@@ -384,9 +419,11 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
     for (size_t c = from; c < n_full; ++c) {
       KV_ASSIGN_OR_RETURN(KvBlock chunk, src.SliceTokens(uint32_t(c * opts_.chunk_tokens), opts_.chunk_tokens));
       ByteBuffer frame;
+      const std::string key = PoolChunkKey(ko, chain, c, s_[s].spec);
+      co.request_id = PoolValueTag(key);  // binds the value to its key: see FetchPrefix
       KV_RETURN_IF_ERROR(pipeline.Encode(chunk, &frame, co));
       if (opts_.pool_link) opts_.pool_link->Take(frame.size());
-      const Status st = opts_.pool->Put(PoolChunkKey(ko, chain, c, s_[s].spec), frame);
+      const Status st = opts_.pool->Put(key, frame);
       if (!st.ok()) {
         metrics_.pool_errors++;
         break;  // the pool is down or full: serving goes on without it

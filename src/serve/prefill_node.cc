@@ -116,13 +116,16 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   Status encode_status;
   double encode_s = 0;
   std::thread encoder([&] {
-    for (uint32_t l = 0; l < (per_layer ? n_layer : 1); ++l) {
-      ByteBuffer f;
-      const Clock::time_point e0 = Clock::now();
-      encode_status = encode(l, &f);
-      encode_s += Seconds(e0, Clock::now());
-      if (!encode_status.ok() || !queue.Push(std::move(f))) break;
-    }
+    encode_status = serve_internal::Guarded("encoding a frame", [&]() -> Status {
+      for (uint32_t l = 0; l < (per_layer ? n_layer : 1); ++l) {
+        ByteBuffer f;
+        const Clock::time_point e0 = Clock::now();
+        KV_RETURN_IF_ERROR(encode(l, &f));
+        encode_s += Seconds(e0, Clock::now());
+        if (!queue.Push(std::move(f))) break;
+      }
+      return Status::Ok();
+    });
     queue.Finish();
   });
   Status send_status;
@@ -138,21 +141,24 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   KV_RETURN_IF_ERROR(encode_status);
   KV_RETURN_IF_ERROR(send_status);
   KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, deadline));
+  // A reply holds at most the tokens asked for: a longer one is refused before it is read.
+  const uint32_t vocab = opts_.synthetic ? (1u << 30) : opts_.model->config.vocab_size;
+  c->set_max_message_bytes(serve_internal::ResultMessageLimit(req.max_new_tokens));
+  const uint32_t n_frames = per_layer ? n_layer : 1;
   for (int round = 0;; ++round) {
     KV_ASSIGN_OR_RETURN(Message reply, c->Receive(deadline));
-    const json j = json::parse(reply.body.begin(), reply.body.end(), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return Status::Corrupt("malformed reply from decode node " + c->peer());
     if (reply.kind == MessageKind::kError) {
-      return Status::Unavailable("decode node " + c->peer() + " failed the request: " + j.value("error", std::string("?")));
+      return Status::Unavailable("decode node " + c->peer() + " failed the request: " + serve_internal::ParseErrorMessage(reply.body));
     }
-    if (reply.kind == MessageKind::kResend && round == 0 && j.contains("layers") && j["layers"].is_array()) {
-      for (const json& l : j["layers"]) {
-        if (!l.is_number_unsigned() || l.get<uint64_t>() >= (per_layer ? n_layer : 1)) {
-          return Status::Corrupt("decode node asked for layer " + l.dump() + " of " + std::to_string(n_layer));
-        }
+    if (reply.kind == MessageKind::kResend && round == 0) {
+      // Each frame at most once, each one this request has: a resend list is no way to make
+      // this node encode more than the request's KV once more.
+      auto layers = serve_internal::ParseResendMessage(reply.body, n_frames);
+      if (!layers.ok()) return layers.status().WithContext("decode node " + c->peer());
+      for (uint32_t l : *layers) {
         ByteBuffer f;
         const Clock::time_point e0 = Clock::now();
-        KV_RETURN_IF_ERROR(encode(uint32_t(l.get<uint64_t>()), &f));
+        KV_RETURN_IF_ERROR(encode(l, &f));
         out->timings.encode_s += Seconds(e0, Clock::now());
         KV_RETURN_IF_ERROR(send_frame(f, false));
         out->resent_layers++;
@@ -160,15 +166,14 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
       KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, deadline));
       continue;
     }
-    if (reply.kind != MessageKind::kResult || !j.contains("tokens") || !j["tokens"].is_array()) {
+    if (reply.kind != MessageKind::kResult) {
       return Status::Corrupt(std::string("unexpected ") + MessageKindName(reply.kind) + " reply from " + c->peer());
     }
-    for (const json& t : j["tokens"]) {
-      if (!t.is_number_integer()) return Status::Corrupt("decode node sent a token that is not an integer");
-      out->tokens.push_back(t.get<int>());
-    }
-    out->timings.decode_s = j.value("decode_s", 0.0);
-    out->timings.generate_s = j.value("generate_s", 0.0);
+    auto result = serve_internal::ParseDecodeResult(reply.body, req.max_new_tokens, vocab);
+    if (!result.ok()) return result.status().WithContext("decode node " + c->peer());
+    out->tokens = std::move(result->tokens);
+    out->timings.decode_s = result->decode_s;
+    out->timings.generate_s = result->generate_s;
     out->timings.transfer_s = std::max(0.0, Seconds(t0, Clock::now()) - out->timings.generate_s);
     return Status::Ok();
   }

@@ -24,6 +24,10 @@ constexpr char kPartMagic[4] = {'K', 'V', 'S', 'P'};
 constexpr uint32_t kPartVersion = 1;
 constexpr size_t kHeadBytes = 32;  // magic, version, n_parts, reserved, total bytes, put id
 constexpr size_t kPartIdBytes = 8;
+constexpr uint64_t kMinPartBytes = 1024;
+// A head whose header claims more parts is not read for its part names on Delete: its parts
+// beyond are left to the server's eviction rather than spending a command on a million names.
+constexpr uint32_t kMaxDeleteParts = 1 << 16;
 
 void PutU32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 void PutU64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
@@ -180,7 +184,7 @@ class RedisPool final : public KvPool {
   std::string name() const override { return o_.cluster ? "redis-cluster" : "redis"; }
 
   Status Put(const std::string& key, std::span<const uint8_t> value) override {
-    const uint64_t part = std::max<uint64_t>(1024, o_.part_bytes);
+    const uint64_t part = std::max<uint64_t>(kMinPartBytes, o_.part_bytes);
     const uint32_t n_parts = uint32_t(std::max<uint64_t>(1, (value.size() + part - 1) / part));
     uint64_t put_id;
     {
@@ -233,14 +237,16 @@ class RedisPool final : public KvPool {
     return Status::Ok();
   }
 
-  Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys) override {
+  using KvPool::GetMany;
+  Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys,
+                                                          uint64_t max_value_bytes) override {
     std::vector<std::optional<ByteBuffer>> out(keys.size());
     std::vector<Command> heads;
     for (const std::string& k : keys) heads.push_back(Command().Arg("GET").Arg(k));
     KV_ASSIGN_OR_RETURN(std::vector<Reply> hr, RunGrouped(keys, heads));
     gets_ += keys.size();
     for (size_t i = 0; i < keys.size(); ++i) {
-      KV_ASSIGN_OR_RETURN(out[i], Assemble(keys[i], hr[i]));
+      KV_ASSIGN_OR_RETURN(out[i], Assemble(keys[i], hr[i], max_value_bytes));
       (out[i] ? hits_ : misses_)++;
     }
     return out;
@@ -262,7 +268,7 @@ class RedisPool final : public KvPool {
     KV_RETURN_IF_ERROR(Run(key, {Command().Arg("GETRANGE").Arg(key).Arg("0").Arg(last)}, &r));
     uint32_t n_parts = 1;
     if (r[0]->type == REDIS_REPLY_STRING && r[0]->len >= kHeadBytes && std::memcmp(r[0]->str, kPartMagic, 4) == 0) {
-      n_parts = std::min<uint32_t>(GetU32(r[0]->str + 8), 1u << 20);
+      n_parts = std::min<uint32_t>(GetU32(r[0]->str + 8), kMaxDeleteParts);
     }
     std::vector<std::string> names = {key};
     for (uint32_t i = 1; i < n_parts; ++i) names.push_back(key + "#" + std::to_string(i));
@@ -308,7 +314,9 @@ class RedisPool final : public KvPool {
   }
 
   // The value behind a head reply, reading its other parts; a missing or torn part is a miss.
-  Result<std::optional<ByteBuffer>> Assemble(const std::string& key, const Reply& head) {
+  // The head's claims (parts, total) are checked against max_value_bytes and the smallest part
+  // a writer makes before any part is fetched or any byte reserved.
+  Result<std::optional<ByteBuffer>> Assemble(const std::string& key, const Reply& head, uint64_t max_value_bytes) {
     if (head->type == REDIS_REPLY_NIL) return std::optional<ByteBuffer>();
     if (head->type == REDIS_REPLY_ERROR) return Status::Unavailable("redis GET '" + key + "': " + ReplyError(head));
     if (head->type != REDIS_REPLY_STRING || head->len < kHeadBytes || std::memcmp(head->str, kPartMagic, 4) != 0 ||
@@ -318,9 +326,17 @@ class RedisPool final : public KvPool {
     const uint32_t n_parts = GetU32(head->str + 8);
     const uint64_t total = GetU64(head->str + 16), put_id = GetU64(head->str + 24);
     const uint64_t part = head->len - kHeadBytes;
-    const bool parts_fit = n_parts == 1 ? part == total : part > 0 && part * (n_parts - 1) < total && total <= part * n_parts;
-    if (n_parts == 0 || total > (uint64_t{1} << 40) || !parts_fit) {
-      return Status::Corrupt("pool value '" + key + "' has an impossible part header");
+    if (total > max_value_bytes) {
+      return Status::Corrupt("pool value '" + key + "' claims " + std::to_string(total) + " bytes, above the " +
+                             std::to_string(max_value_bytes) + " a value here may have");
+    }
+    // Put() cuts parts of at least kMinPartBytes (all but the last of equal size), so a header
+    // claiming many tiny parts was not written by it.
+    const bool parts_fit = n_parts == 1 ? part == total
+                                        : part >= kMinPartBytes && part * (n_parts - 1) < total && total <= part * n_parts;
+    if (n_parts == 0 || !parts_fit) {
+      return Status::Corrupt("pool value '" + key + "' has an impossible part header (" + std::to_string(n_parts) +
+                             " parts, " + std::to_string(total) + " bytes, a first part of " + std::to_string(part) + ")");
     }
     ByteBuffer v;
     v.reserve(total);

@@ -73,7 +73,7 @@ int PollMs(Clock::time_point deadline) {
 class TcpConnection final : public Connection {
  public:
   TcpConnection(std::unique_ptr<asio::io_context> io, asio::ip::tcp::socket socket, const TcpOptions& opts)
-      : io_(std::move(io)), socket_(std::move(socket)), opts_(opts) {
+      : io_(std::move(io)), socket_(std::move(socket)), opts_(opts), max_message_bytes_(opts.max_message_bytes) {
     asio::error_code ec;
     socket_.non_blocking(true, ec);
     socket_.set_option(asio::ip::tcp::no_delay(true), ec);
@@ -115,10 +115,11 @@ class TcpConnection final : public Connection {
       Close();
       return Status::Corrupt("message from " + peer_ + " has unknown kind " + std::to_string(header[4]));
     }
-    if (len > opts_.max_message_bytes) {
+    const uint64_t limit = max_message_bytes_.load();
+    if (len > limit) {
       Close();
       return Status::OutOfRange("message from " + peer_ + " announces " + std::to_string(len) +
-                                " bytes, above the limit of " + std::to_string(opts_.max_message_bytes));
+                                " bytes, above the limit of " + std::to_string(limit));
     }
     Message m;
     m.kind = MessageKind(header[4]);
@@ -131,6 +132,8 @@ class TcpConnection final : public Connection {
     }
     return m;
   }
+
+  void set_max_message_bytes(uint64_t bytes) override { max_message_bytes_ = std::min(bytes, opts_.max_message_bytes); }
 
   void Close() override {
     if (closed_.exchange(true)) return;
@@ -175,6 +178,7 @@ class TcpConnection final : public Connection {
   std::unique_ptr<asio::io_context> io_;
   asio::ip::tcp::socket socket_;
   TcpOptions opts_;
+  std::atomic<uint64_t> max_message_bytes_;
   std::string peer_;
   int fd_ = -1;
   std::atomic<bool> closed_{false};
@@ -192,6 +196,18 @@ class TcpListener final : public Listener {
   ~TcpListener() override { Close(); }
 
   Result<std::unique_ptr<Connection>> Accept(Clock::time_point deadline) override {
+    // asio throws where it cannot make its reactor's descriptors (EMFILE): an error, not a throw.
+    try {
+      return AcceptOrThrow(deadline);
+    } catch (const std::exception& e) {
+      return Status::IoError("accept on port " + std::to_string(port_) + ": " + e.what());
+    }
+  }
+  uint16_t port() const override { return port_; }
+  void Close() override { closed_ = true; }
+
+ private:
+  Result<std::unique_ptr<Connection>> AcceptOrThrow(Clock::time_point deadline) {
     while (!closed_) {
       auto io = std::make_unique<asio::io_context>();
       asio::ip::tcp::socket s(*io);
@@ -207,10 +223,7 @@ class TcpListener final : public Listener {
     }
     return Status::Unavailable("listener on port " + std::to_string(port_) + " is closed");
   }
-  uint16_t port() const override { return port_; }
-  void Close() override { closed_ = true; }
 
- private:
   std::unique_ptr<asio::io_context> io_;
   asio::ip::tcp::acceptor acceptor_;
   TcpOptions opts_;
@@ -224,24 +237,23 @@ class TcpTransport final : public Transport {
   std::string name() const override { return "tcp"; }
 
   Result<std::unique_ptr<Listener>> Listen(const std::string& address) override {
-    std::string host;
-    uint16_t port;
-    KV_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
-    auto io = std::make_unique<asio::io_context>();
-    asio::error_code ec;
-    const asio::ip::address ip = asio::ip::make_address(host, ec);
-    if (ec) return Status::InvalidArgument("listen address '" + address + "': '" + host + "' is not an IP address");
-    asio::ip::tcp::acceptor acc(*io);
-    const asio::ip::tcp::endpoint ep(ip, port);
-    acc.open(ep.protocol(), ec);
-    if (!ec) acc.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acc.bind(ep, ec);
-    if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return Status::IoError("listen on " + address + ": " + ec.message());
-    return std::unique_ptr<Listener>(new TcpListener(std::move(io), std::move(acc), opts_));
+    try {
+      return ListenOrThrow(address);
+    } catch (const std::exception& e) {
+      return Status::IoError("listen on " + address + ": " + e.what());
+    }
   }
 
   Result<std::unique_ptr<Connection>> Connect(const std::string& address, Clock::time_point deadline) override {
+    try {
+      return ConnectOrThrow(address, deadline);
+    } catch (const std::exception& e) {
+      return Status::Unavailable("connecting to " + address + ": " + e.what());
+    }
+  }
+
+ private:
+  Result<std::unique_ptr<Connection>> ConnectOrThrow(const std::string& address, Clock::time_point deadline) {
     std::string host;
     uint16_t port;
     KV_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
@@ -269,7 +281,24 @@ class TcpTransport final : public Transport {
     return std::unique_ptr<Connection>(new TcpConnection(std::move(io), std::move(s), opts_));
   }
 
- private:
+  Result<std::unique_ptr<Listener>> ListenOrThrow(const std::string& address) {
+    std::string host;
+    uint16_t port;
+    KV_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
+    auto io = std::make_unique<asio::io_context>();
+    asio::error_code ec;
+    const asio::ip::address ip = asio::ip::make_address(host, ec);
+    if (ec) return Status::InvalidArgument("listen address '" + address + "': '" + host + "' is not an IP address");
+    asio::ip::tcp::acceptor acc(*io);
+    const asio::ip::tcp::endpoint ep(ip, port);
+    acc.open(ep.protocol(), ec);
+    if (!ec) acc.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acc.bind(ep, ec);
+    if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return Status::IoError("listen on " + address + ": " + ec.message());
+    return std::unique_ptr<Listener>(new TcpListener(std::move(io), std::move(acc), opts_));
+  }
+
   TcpOptions opts_;
 };
 

@@ -1,48 +1,127 @@
-// JSON of the HTTP API (ServeRequest in, ServeResponse out) and node metrics as Prometheus text.
+// JSON of the HTTP API (ServeRequest in, ServeResponse out, the router's forwarded body), the
+// decode port's JSON messages, and node metrics as Prometheus text.
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "kvserve/codec.h"
 #include "kvserve/serve.h"
+#include "serve/wire.h"
 
 namespace kvserve {
 
 using json = nlohmann::json;
+using serve_internal::Dump;
 
-Result<ServeRequest> ParseServeRequest(const std::string& text, const Tokenizer* tokenizer, uint32_t max_prompt) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    return Status::InvalidArgument(std::string("request is not valid JSON: ") + e.what());
+Status CheckJsonNesting(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char ch : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (ch == '\\') escaped = true;
+      else if (ch == '"') in_string = false;
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > max_depth) {
+        return Status::InvalidArgument("request nests arrays or objects deeper than " + std::to_string(max_depth) + " levels");
+      }
+    } else if (ch == ']' || ch == '}') {
+      depth = std::max(0, depth - 1);
+    }
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The JSON object in `text`, its nesting bounded before it is parsed (a parser, a serialiser or
+// a destructor that recurses per level would otherwise overflow a worker's stack).
+Result<json> ParseObject(std::string_view text) {
+  KV_RETURN_IF_ERROR(CheckJsonNesting(text, kMaxRequestJsonDepth));
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) {
+    // Parsed again for the reason, which names the position (text that is not UTF-8 included).
+    try {
+      (void)json::parse(text);
+    } catch (const json::exception& e) {
+      return Status::InvalidArgument(std::string("request is not valid JSON: ") + e.what());
+    }
+    return Status::InvalidArgument("request is not valid JSON");
   }
   if (!j.is_object()) return Status::InvalidArgument("request must be a JSON object");
+  return j;
+}
+
+// An integer in [lo, hi] given as a JSON number (a whole float such as 7.0 included).
+Status WholeNumber(const json& j, const char* key, double lo, double hi, uint64_t* out) {
+  if (!j.contains(key)) return Status::Ok();
+  const json& v = j[key];
+  if (!v.is_number()) return Status::InvalidArgument(std::string("'") + key + "' must be a number");
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    return Status::InvalidArgument(std::string("'") + key + "' = " + Dump(v) + " is not in [" + json(lo).dump() + ", " +
+                                   json(hi).dump() + "]");
+  }
+  if (v.is_number_float() && d != std::floor(d)) {
+    return Status::InvalidArgument(std::string("'") + key + "' = " + Dump(v) + " is not a whole number");
+  }
+  *out = v.is_number_unsigned() ? v.get<uint64_t>() : uint64_t(d);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::string> RequestStrategy(const std::string& text) {
+  if (text.size() > kMaxRequestStrategyBytes) {
+    return Status::InvalidArgument("'strategy' of " + std::to_string(text.size()) + " bytes is above the limit of " +
+                                   std::to_string(kMaxRequestStrategyBytes));
+  }
+  KV_ASSIGN_OR_RETURN(StrategySpec spec, ParseStrategy(text));
+  if (spec.stages.size() > kMaxRequestStrategyStages) {
+    return Status::InvalidArgument("'strategy' has " + std::to_string(spec.stages.size()) + " stages, above the limit of " +
+                                   std::to_string(kMaxRequestStrategyStages) + " a request may ask for");
+  }
+  for (size_t i = 0; i < spec.stages.size(); ++i) {
+    for (size_t k = 0; k < i; ++k) {
+      if (spec.stages[k].name == spec.stages[i].name) {
+        return Status::InvalidArgument("'strategy' names stage '" + spec.stages[i].name + "' twice; a request may use each stage once");
+      }
+    }
+  }
+  return CanonicalStrategy(text);
+}
+
+Result<ServeRequest> ParseServeRequest(const std::string& text, const Tokenizer* tokenizer, uint32_t max_prompt) {
+  KV_ASSIGN_OR_RETURN(json j, ParseObject(text));
   ServeRequest r;
   auto number = [&](const char* key, double lo, double hi, double* out) -> Status {
     if (!j.contains(key)) return Status::Ok();
     if (!j[key].is_number()) return Status::InvalidArgument(std::string("'") + key + "' must be a number");
     const double v = j[key].get<double>();
     if (!std::isfinite(v) || v < lo || v > hi) {
-      return Status::InvalidArgument(std::string("'") + key + "' = " + j[key].dump() + " is not in [" +
+      return Status::InvalidArgument(std::string("'") + key + "' = " + Dump(j[key]) + " is not in [" +
                                      json(lo).dump() + ", " + json(hi).dump() + "]");
     }
     *out = v;
     return Status::Ok();
   };
-  double id = 0, max_new = r.max_new_tokens;
-  KV_RETURN_IF_ERROR(number("id", 0, 9007199254740991.0, &id));
-  KV_RETURN_IF_ERROR(number("max_new_tokens", 1, 1 << 20, &max_new));
+  uint64_t id = 0, max_new = r.max_new_tokens;
+  KV_RETURN_IF_ERROR(WholeNumber(j, "id", 0, 9007199254740991.0, &id));
+  KV_RETURN_IF_ERROR(WholeNumber(j, "max_new_tokens", 1, 1 << 20, &max_new));
   KV_RETURN_IF_ERROR(number("slo_ms", 1e-3, 1e9, &r.slo_ms));
   KV_RETURN_IF_ERROR(number("floor", 0, 1.05, &r.floor));
-  r.id = uint64_t(id);
+  r.id = id;
   r.max_new_tokens = uint32_t(max_new);
   for (const char* key : {"label", "strategy", "prompt"}) {
     if (j.contains(key) && !j[key].is_string()) return Status::InvalidArgument(std::string("'") + key + "' must be a string");
   }
   if (j.contains("label")) r.label = j["label"].get<std::string>();
   if (j.contains("strategy")) {
-    r.strategy = j["strategy"].get<std::string>();
-    KV_ASSIGN_OR_RETURN(r.strategy, CanonicalStrategy(r.strategy));
+    KV_ASSIGN_OR_RETURN(r.strategy, RequestStrategy(j["strategy"].get<std::string>()));
   }
   const bool has_prompt = j.contains("prompt"), has_tokens = j.contains("tokens");
   if (has_prompt == has_tokens) return Status::InvalidArgument("give exactly one of 'prompt' (text) or 'tokens' (ids)");
@@ -61,7 +140,14 @@ Result<ServeRequest> ParseServeRequest(const std::string& text, const Tokenizer*
   } else {
     if (tokenizer == nullptr) return Status::InvalidArgument("this node has no tokenizer: send 'tokens'");
     const std::string& p = j["prompt"].get_ref<const std::string&>();
-    if (p.size() > size_t(max_prompt) * 64) return Status::OutOfRange("prompt text of " + std::to_string(p.size()) + " bytes is too long");
+    if (p.empty()) return Status::InvalidArgument("empty prompt: 'prompt' holds no text");
+    // Every token covers at most max_piece_bytes of text: a longer text cannot fit, and is
+    // refused before the tokenizer spends time on it.
+    const size_t max_bytes = size_t(max_prompt) * tokenizer->max_piece_bytes();
+    if (p.size() > max_bytes) {
+      return Status::OutOfRange("prompt text of " + std::to_string(p.size()) + " bytes cannot fit in " +
+                                std::to_string(max_prompt) + " tokens (at most " + std::to_string(max_bytes) + " bytes)");
+    }
     r.prompt = tokenizer->Encode(p, true);
     if (r.prompt.size() > max_prompt) {
       return Status::OutOfRange("prompt of " + std::to_string(r.prompt.size()) + " tokens is above the limit of " +
@@ -70,6 +156,29 @@ Result<ServeRequest> ParseServeRequest(const std::string& text, const Tokenizer*
   }
   if (r.prompt.empty()) return Status::InvalidArgument("empty prompt");
   return r;
+}
+
+Result<RoutedRequest> RouteRequest(const std::string& body, uint32_t long_prompt_tokens) {
+  KV_ASSIGN_OR_RETURN(json j, ParseObject(body));
+  RoutedRequest out;
+  if (j.contains("label")) {
+    if (!j["label"].is_string()) return Status::InvalidArgument("'label' must be a string");
+    out.label = j["label"].get<std::string>();
+  }
+  if (out.label.empty()) {
+    const size_t n = j.contains("tokens") && j["tokens"].is_array() ? j["tokens"].size()
+                     : j.contains("prompt") && j["prompt"].is_string() ? j["prompt"].get_ref<const std::string&>().size() / 4
+                                                                       : 0;
+    out.label = n >= long_prompt_tokens ? "long" : "short";
+  }
+  // Only the fields a node reads go on; the node validates them.
+  json fwd = json::object();
+  for (const char* key : {"id", "prompt", "tokens", "max_new_tokens", "slo_ms", "floor", "strategy"}) {
+    if (j.contains(key)) fwd[key] = std::move(j[key]);
+  }
+  fwd["label"] = out.label;
+  out.body = Dump(fwd);
+  return out;
 }
 
 std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer) {
@@ -105,10 +214,111 @@ std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer
       if (id >= 0 && uint32_t(id) < tokenizer->vocab_size()) text += tokenizer->Decode(prev, id);
       prev = id;
     }
-    j["text"] = text;
+    j["text"] = text;  // byte tokens may cut a character: Dump replaces what is not UTF-8
   }
-  return j.dump();
+  return Dump(j);
 }
+
+// ---- Decode port messages --------------------------------------------------------------------
+namespace serve_internal {
+namespace {
+
+Result<json> ParseMessage(std::span<const uint8_t> body, const char* what) {
+  const std::string_view text(reinterpret_cast<const char*>(body.data()), body.size());
+  if (body.size() > kControlMessageBytes * 64) return Status::Corrupt(std::string(what) + " message is too long");
+  if (!CheckJsonNesting(text, kMaxRequestJsonDepth).ok()) return Status::Corrupt(std::string(what) + " message nests too deep");
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status::Corrupt(std::string("malformed ") + what + " message");
+  return j;
+}
+
+// An unsigned integer field below `limit` (JSON floats and negative numbers are refused).
+bool IndexField(const json& j, const char* key, uint64_t limit, uint64_t* out) {
+  if (!j.contains(key) || !j[key].is_number_unsigned()) return false;
+  const uint64_t v = j[key].get<uint64_t>();
+  if (v >= limit) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+Result<DecodeRequestMessage> ParseDecodeRequest(std::span<const uint8_t> body, uint32_t vocab, uint32_t max_prompt_len,
+                                                uint32_t max_new_tokens) {
+  KV_ASSIGN_OR_RETURN(json j, ParseMessage(body, "request"));
+  DecodeRequestMessage m;
+  uint64_t first = 0, prompt = 0, max_new = 0;
+  if (!IndexField(j, "id", UINT64_MAX, &m.id)) return Status::InvalidArgument("request message: 'id' is not an unsigned integer");
+  if (!IndexField(j, "first_token", vocab, &first)) {
+    return Status::InvalidArgument("request " + std::to_string(m.id) + ": 'first_token' is not a token id below " + std::to_string(vocab));
+  }
+  if (!IndexField(j, "prompt_len", uint64_t{max_prompt_len} + 1, &prompt) || prompt == 0) {
+    return Status::InvalidArgument("request " + std::to_string(m.id) + ": 'prompt_len' is not in [1, " + std::to_string(max_prompt_len) + "]");
+  }
+  if (!IndexField(j, "max_new_tokens", UINT64_MAX, &max_new) || max_new == 0) {
+    return Status::InvalidArgument("request " + std::to_string(m.id) + ": 'max_new_tokens' is not a positive integer");
+  }
+  m.first_token = int(first);
+  m.prompt_len = uint32_t(prompt);
+  m.max_new_tokens = uint32_t(std::min<uint64_t>(max_new, max_new_tokens));
+  return m;
+}
+
+Result<std::vector<uint32_t>> ParseResendMessage(std::span<const uint8_t> body, uint32_t n_frames) {
+  KV_ASSIGN_OR_RETURN(json j, ParseMessage(body, "resend"));
+  if (!j.contains("layers") || !j["layers"].is_array()) return Status::Corrupt("resend message without a 'layers' array");
+  const json& layers = j["layers"];
+  if (layers.empty() || layers.size() > n_frames) {
+    return Status::Corrupt("resend message asks for " + std::to_string(layers.size()) + " frames of " + std::to_string(n_frames));
+  }
+  std::vector<bool> seen(n_frames, false);
+  std::vector<uint32_t> out;
+  for (const json& l : layers) {
+    if (!l.is_number_unsigned() || l.get<uint64_t>() >= n_frames) {
+      return Status::Corrupt("resend message asks for frame " + Dump(l) + " of " + std::to_string(n_frames));
+    }
+    const uint32_t f = uint32_t(l.get<uint64_t>());
+    if (seen[f]) return Status::Corrupt("resend message asks for frame " + std::to_string(f) + " twice");
+    seen[f] = true;
+    out.push_back(f);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Result<DecodeResultMessage> ParseDecodeResult(std::span<const uint8_t> body, uint32_t max_new_tokens, uint32_t vocab) {
+  KV_ASSIGN_OR_RETURN(json j, ParseMessage(body, "result"));
+  if (!j.contains("tokens") || !j["tokens"].is_array()) return Status::Corrupt("result message without a 'tokens' array");
+  const json& tokens = j["tokens"];
+  if (tokens.size() > max_new_tokens) {
+    return Status::Corrupt("result message holds " + std::to_string(tokens.size()) + " tokens; " +
+                           std::to_string(max_new_tokens) + " were asked for");
+  }
+  DecodeResultMessage m;
+  for (const json& t : tokens) {
+    if (!t.is_number_unsigned() || t.get<uint64_t>() >= vocab) {
+      return Status::Corrupt("result message holds " + Dump(t) + ", not a token id below " + std::to_string(vocab));
+    }
+    m.tokens.push_back(int(t.get<uint64_t>()));
+  }
+  for (auto [key, out] : {std::pair<const char*, double*>{"decode_s", &m.decode_s}, {"generate_s", &m.generate_s}}) {
+    if (!j.contains(key)) continue;
+    if (!j[key].is_number() || !std::isfinite(j[key].get<double>()) || j[key].get<double>() < 0) {
+      return Status::Corrupt(std::string("result message: '") + key + "' is not a non-negative number");
+    }
+    *out = j[key].get<double>();
+  }
+  return m;
+}
+
+std::string ParseErrorMessage(std::span<const uint8_t> body) {
+  auto j = ParseMessage(body, "error");
+  if (!j.ok()) return j.status().message();
+  if (!j->contains("error") || !(*j)["error"].is_string()) return "error message gives no reason";
+  return (*j)["error"].get<std::string>();
+}
+
+}  // namespace serve_internal
 
 std::string NodeMetrics::Prometheus(const std::string& node) const {
   std::string out;

@@ -3,11 +3,13 @@
 
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvserve/transport.h"
 
@@ -15,10 +17,58 @@ namespace kvserve::serve_internal {
 
 inline double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+// JSON text that never throws: strings that are not UTF-8 (a peer's bytes, a model's byte
+// tokens cut mid-character) are written with U+FFFD in place of the bad bytes.
+inline std::string Dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
 inline Status SendJson(Connection* c, MessageKind kind, const nlohmann::json& j, Clock::time_point deadline) {
-  const std::string s = j.dump();
+  const std::string s = Dump(j);
   return c->Send(kind, std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size()), deadline);
 }
+
+// Runs a thread's body, turning any exception (an allocation refused, a library's throw) into
+// a status: no exception leaves a thread a node starts, which would terminate the process.
+template <typename F>
+Status Guarded(const char* what, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string(what) + ": " + e.what());
+  } catch (...) {
+    return Status::Internal(std::string(what) + ": unknown exception");
+  }
+}
+
+// ---- The decode port's JSON messages ----------------------------------------------------------
+// Each parser checks every field's type and range before anything is allocated from it, and
+// names the bad field; they are fuzzed (fuzz/serve_fuzz.cc).
+
+// Bodies of request, resend, result and error messages are at most this long (a result holds at
+// most max_new_tokens ids: ResultMessageLimit).
+inline constexpr uint64_t kControlMessageBytes = 64 << 10;
+inline uint64_t ResultMessageLimit(uint32_t max_new_tokens) { return kControlMessageBytes + uint64_t{24} * max_new_tokens; }
+
+// prefill -> decode: what to generate after the KV that follows.
+struct DecodeRequestMessage {
+  uint64_t id = 0;
+  uint32_t max_new_tokens = 0;
+  int first_token = 0;
+  uint32_t prompt_len = 0;
+};
+// Limits of the receiving decode node: token ids below `vocab`, prompts below `max_prompt_len`
+// tokens, at most `max_new_tokens` generated.
+Result<DecodeRequestMessage> ParseDecodeRequest(std::span<const uint8_t> body, uint32_t vocab, uint32_t max_prompt_len,
+                                                uint32_t max_new_tokens);
+// decode -> prefill: the frames to send again, each an index below n_frames, each once (sorted).
+Result<std::vector<uint32_t>> ParseResendMessage(std::span<const uint8_t> body, uint32_t n_frames);
+// decode -> prefill: the generated tokens (at most max_new_tokens, each below vocab) and timings.
+struct DecodeResultMessage {
+  std::vector<int> tokens;
+  double decode_s = 0, generate_s = 0;
+};
+Result<DecodeResultMessage> ParseDecodeResult(std::span<const uint8_t> body, uint32_t max_new_tokens, uint32_t vocab);
+// The reason an error message gives (a description when it gives none that is text).
+std::string ParseErrorMessage(std::span<const uint8_t> body);
 
 // Items between a producer and a consumer thread (encoded frames waiting for the wire, fetched
 // chunks waiting to be decoded): the producer blocks when `capacity` are queued, so a slow

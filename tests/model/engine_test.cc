@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <string_view>
+#include <unordered_map>
 
 #include "model/ops.h"
 #include "model_test_util.h"
@@ -278,6 +281,83 @@ TEST(Tokenizer, EncodesAndDecodesBack) {
   const std::vector<int> ids = Stories().tokenizer.Encode("caf\xC3\xA9 \xE2\x98\x83", false);
   EXPECT_EQ(Stories().tokenizer.DecodeAll(ids), "caf\xC3\xA9 \xE2\x98\x83");  // DecodeAll drops the dummy-prefix space
   EXPECT_EQ(std::vector<int>(ids.end() - 3, ids.end()), (std::vector<int>{0xE2 + 3, 0x98 + 3, 0x83 + 3}));
+}
+
+// The merge loop as it was (rescan every pair, merge the best, leftmost among equals): the
+// reference the heap-based Encode must equal token for token.
+std::vector<int> QuadraticEncode(const Tokenizer& tok, std::string_view text, bool bos) {
+  std::unordered_map<std::string, int> index;  // the smallest id of each piece, as Lookup finds
+  for (uint32_t i = 0; i < tok.vocab_size(); ++i) index.emplace(tok.piece(i), int(i));
+  auto lookup = [&](std::string_view s) {
+    auto it = index.find(std::string(s));
+    return it == index.end() ? -1 : it->second;
+  };
+  std::vector<int> ids;
+  if (bos) ids.push_back(Tokenizer::kBos);
+  if (!text.empty() && lookup(" ") >= 0) ids.push_back(lookup(" "));
+  const bool byte_fallback = lookup("<0x41>") >= 0;
+  for (size_t i = 0; i < text.size();) {
+    size_t len = 1;
+    while (i + len < text.size() && len < 4 && (static_cast<unsigned char>(text[i + len]) & 0xC0) == 0x80) ++len;
+    const int id = lookup(text.substr(i, len));
+    if (id >= 0) {
+      ids.push_back(id);
+    } else {
+      for (size_t b = 0; b < len; ++b) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "<0x%02X>", static_cast<unsigned char>(text[i + b]));
+        const int bid = byte_fallback ? lookup(hex) : -1;
+        ids.push_back(bid >= 0 ? bid : Tokenizer::kUnk);
+      }
+    }
+    i += len;
+  }
+  const size_t first = bos ? 1 : 0;
+  while (true) {
+    float best = -1e30f;
+    int best_id = -1;
+    size_t best_at = 0;
+    for (size_t i = first; i + 1 < ids.size(); ++i) {
+      const int id = lookup(tok.piece(uint32_t(ids[i])) + tok.piece(uint32_t(ids[i + 1])));
+      if (id >= 0 && tok.score(uint32_t(id)) > best) best = tok.score(uint32_t(id)), best_id = id, best_at = i;
+    }
+    if (best_id < 0) break;
+    ids[best_at] = best_id;
+    ids.erase(ids.begin() + best_at + 1);
+  }
+  return ids;
+}
+
+TEST(Tokenizer, HeapMergesEqualTheQuadraticLoopTokenForToken) {
+  // A vocabulary with many equal scores, so the leftmost-among-equals rule is exercised.
+  const Tokenizer ties = Tokenizer::FromVocab({"<unk>", "<s>", "</s>", " ", "a", "b", "aa", "ab", "ba", "bb", "aaa", " a", "aab", "<0x41>"},
+                                              {0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -2, -1, -2, 0});
+  std::mt19937 rng(11);
+  const std::vector<std::string> alphabet = {"a", "b", " ", "e", "t", "h", "the", " was", ".", ",", "\xC3\xA9", "\xE2\x98\x83", "\xFF"};
+  for (const Tokenizer* tok : {&Stories().tokenizer, &Baby().tokenizer, &ties}) {
+    for (int trial = 0; trial < 120; ++trial) {
+      std::string text;
+      const int n = int(rng() % 120);
+      for (int i = 0; i < n; ++i) text += alphabet[rng() % (tok == &ties ? 3 : alphabet.size())];
+      const bool bos = trial % 2 == 0;
+      ASSERT_EQ(tok->Encode(text, bos), QuadraticEncode(*tok, text, bos)) << "text '" << text << "'";
+    }
+  }
+}
+
+TEST(Tokenizer, LongTextEncodesAndServersKnowWhatCannotFit) {
+  // 64 KB of text: the heap-based merge is O(n log n) (the quadratic loop took seconds on a
+  // fifth of this). The longest piece bounds the text a prompt of n tokens can hold.
+  std::string text;
+  while (text.size() < (64 << 10)) text += "Lily and Ben went to the park. They saw a big dog and ran home! ";
+  const std::vector<int> ids = Stories().tokenizer.Encode(text, false);
+  EXPECT_EQ(Stories().tokenizer.DecodeAll(ids), text);
+  for (const LlamaModel* m : {&Stories(), &Baby()}) {
+    size_t longest = 0;
+    for (uint32_t i = 0; i < m->tokenizer.vocab_size(); ++i) longest = std::max(longest, m->tokenizer.piece(i).size());
+    EXPECT_EQ(m->tokenizer.max_piece_bytes(), longest) << m->name;
+    EXPECT_LE(text.size(), m->tokenizer.Encode(text, false).size() * longest) << m->name;
+  }
 }
 
 class BadFiles : public ::testing::Test {

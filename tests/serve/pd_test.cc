@@ -2,7 +2,14 @@
 // shipped models; pipelined per-layer transfer gives what serial whole-block coding gives; a
 // corrupted frame is resent and the answer is still right; a dead or stalled decode node ends in
 // a clear error (or the next node) by the deadline; concurrent requests are answered once each.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <future>
@@ -273,6 +280,221 @@ TEST(ServeJson, MalformedRequestsAreRefusedWithTheReason) {
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->id, 7u);
   EXPECT_EQ(ok->prompt, tok.Encode("Once upon a time", true));
+}
+
+// A decode "node" that takes the request and its frames and then answers `reply` (of `kind`) —
+// a decode node that lies, or a stranger on the port: the prefill node must refuse each answer
+// with a clear error, not throw, truncate or do what it is told.
+class ScriptedDecodeNode {
+ public:
+  ScriptedDecodeNode(Transport* t, MessageKind kind, std::string reply)
+      : listener_(t->Listen("127.0.0.1:0").value()), kind_(kind), reply_(std::move(reply)) {
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        auto c = listener_->Accept(DeadlineIn(0.1));
+        if (!c.ok()) continue;
+        while (!stop_) {
+          auto m = c.value()->Receive(DeadlineIn(5));
+          if (!m.ok()) break;
+          if (m->kind == MessageKind::kFrame) frames_++;
+          if (m->kind != MessageKind::kEnd) continue;
+          if (ends_++ > 0) break;  // a second end: whatever was resent has arrived
+          (void)c.value()->Send(kind_, std::span(reinterpret_cast<const uint8_t*>(reply_.data()), reply_.size()), DeadlineIn(5));
+        }
+        c.value()->Close();
+      }
+    });
+  }
+  ~ScriptedDecodeNode() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(listener_->port()); }
+  int frames() const { return frames_; }
+
+ private:
+  std::unique_ptr<Listener> listener_;
+  MessageKind kind_;
+  std::string reply_;
+  std::atomic<int> frames_{0}, ends_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST_F(Pd, RepliesThatLieAreRefusedNotTruncatedOrObeyed) {
+  const ServeRequest req = Req(Stories(), "Tom had a red ball", 3);
+  const uint32_t n_layer = Stories().config.n_layer;
+  std::string many_tokens = R"({"id":1,"tokens":[)";
+  for (int i = 0; i < 200000; ++i) many_tokens += i ? ",5" : "5";
+  many_tokens += "]}";
+  std::string zeros = R"({"layers":[)";
+  for (int i = 0; i < 100000; ++i) zeros += i ? ",0" : "0";
+  zeros += "]}";
+  const struct {
+    MessageKind kind;
+    std::string body, want;
+  } cases[] = {
+      {MessageKind::kError, R"({"error":5})", "gives no reason"},
+      {MessageKind::kError, "\xff\xfe", "malformed"},
+      {MessageKind::kResult, R"({"id":1,"tokens":[4294967728]})", "not a token id"},
+      {MessageKind::kResult, R"({"id":1,"tokens":[5,6,7,8]})", "3 were asked for"},
+      {MessageKind::kResult, many_tokens, "above the limit"},
+      {MessageKind::kResult, R"({"id":1,"tokens":[5],"decode_s":"x"})", "'decode_s'"},
+      {MessageKind::kResend, zeros, "above the limit"},
+      {MessageKind::kResend, R"({"layers":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]})", "16 frames of " + std::to_string(n_layer)},
+      {MessageKind::kResend, R"({"layers":[0,0]})", "twice"},
+      {MessageKind::kResend, R"({"layers":[99]})", "frame 99"},
+  };
+  for (const auto& c : cases) {
+    ScriptedDecodeNode liar(transport_.get(), c.kind, c.body);
+    PrefillNodeOptions o;
+    o.decode_peers = {liar.address()};
+    auto prefill = Prefill(Stories(), o);
+    auto r = prefill->Serve(req);
+    ASSERT_FALSE(r.ok()) << c.body.substr(0, 80);
+    EXPECT_NE(r.status().message().find(c.want), std::string::npos) << c.body.substr(0, 80) << " -> " << r.status().ToString();
+    EXPECT_LE(liar.frames(), int(n_layer)) << "no frame sent again on a bad resend list";
+  }
+}
+
+// Speaks the decode port's framing by hand: a 16-byte header ("KVSM", kind, length) and a body.
+class RawPeer {
+ public:
+  explicit RawPeer(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  ~RawPeer() { ::close(fd_); }
+  void Send(MessageKind kind, uint64_t announced, const std::string& body) {
+    uint8_t h[16] = {'K', 'V', 'S', 'M', uint8_t(kind)};
+    std::memcpy(h + 8, &announced, 8);
+    (void)::send(fd_, h, 16, MSG_NOSIGNAL);
+    if (!body.empty()) (void)::send(fd_, body.data(), body.size(), MSG_NOSIGNAL);
+  }
+  // What the node sent back before closing: its bytes (a header and a JSON body, or nothing).
+  std::string ReadUntilClosed() {
+    std::string got;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd_, buf, sizeof buf, 0)) > 0) got.append(buf, size_t(n));
+    closed_ = n == 0;
+    return got;
+  }
+  bool closed() const { return closed_; }
+
+ private:
+  int fd_ = -1;
+  bool closed_ = false;
+};
+
+TEST_F(Pd, DecodePortBoundsWhatAPeerMayAnnounceOrAskFor) {
+  StartDecodeNodes(Stories(), 1);
+  const uint16_t port = decoders_[0]->port();
+  // A first token past 2^32 is refused by name, not truncated to a token id.
+  {
+    RawPeer p(port);
+    const std::string body = R"({"id":3,"max_new_tokens":2,"first_token":4294967728,"prompt_len":5})";
+    p.Send(MessageKind::kRequest, body.size(), body);
+    const std::string got = p.ReadUntilClosed();
+    EXPECT_NE(got.find("'first_token'"), std::string::npos) << got;
+  }
+  // A request message announcing 4 GiB - 1, and one a little over the control limit: closed
+  // after the header, nothing read or answered.
+  for (uint64_t announced : {uint64_t{0xFFFFFFFF}, uint64_t{100} << 10}) {
+    RawPeer p(port);
+    p.Send(MessageKind::kRequest, announced, "");
+    EXPECT_EQ(p.ReadUntilClosed(), "") << announced;
+    EXPECT_TRUE(p.closed()) << "closed at once, not after the deadline";
+  }
+  // A frame announcing more than twice the KV of the prompt it follows.
+  {
+    RawPeer p(port);
+    const std::string body = R"({"id":4,"max_new_tokens":2,"first_token":5,"prompt_len":5})";
+    p.Send(MessageKind::kRequest, body.size(), body);
+    p.Send(MessageKind::kFrame, uint64_t{400} << 20, "");
+    EXPECT_EQ(p.ReadUntilClosed(), "");
+    EXPECT_TRUE(p.closed());
+  }
+  // The node still serves.
+  auto prefill = Prefill(Stories());
+  const ServeRequest req = Req(Stories(), "Sam saw a cat", 8);
+  auto r = prefill->Serve(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tokens, LlamaEngine(Stories()).Generate(req.prompt, 8).value());
+}
+
+TEST_F(Pd, DecodeNodeServesAtMostMaxConnectionsAndTellsTheRestWhy) {
+  DecodeNode node(transport_.get(), DecodeNodeOptions{.model = &Stories(), .request_timeout_s = 5, .max_connections = 3});
+  ASSERT_TRUE(node.Start("127.0.0.1:0").ok());
+  const std::string address = "127.0.0.1:" + std::to_string(node.port());
+  std::vector<std::unique_ptr<Connection>> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(transport_->Connect(address, DeadlineIn(5)).value());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // accepted (the loop polls every 0.2 s)
+  auto extra = transport_->Connect(address, DeadlineIn(5)).value();
+  auto m = extra->Receive(DeadlineIn(5));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->kind, MessageKind::kError);
+  EXPECT_NE(std::string(m->body.begin(), m->body.end()).find("busy"), std::string::npos);
+  idle.clear();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  PrefillNodeOptions o;
+  o.decode_peers = {address};
+  auto prefill = Prefill(Stories(), o);
+  const ServeRequest req = Req(Stories(), "Sam saw a cat", 6);
+  auto r = prefill->Serve(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tokens, LlamaEngine(Stories()).Generate(req.prompt, 6).value());
+}
+
+TEST(ServeJson, RequestsAreBoundedBeforeTheyCostAnything) {
+  const Tokenizer& tok = Stories().tokenizer;
+  auto bad = [&](const std::string& body, const std::string& want, uint32_t max_prompt = 256) {
+    auto r = ParseServeRequest(body, &tok, max_prompt);
+    ASSERT_FALSE(r.ok()) << body.substr(0, 80);
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << body.substr(0, 80) << " -> " << r.status().message();
+  };
+  bad(R"({"prompt":"hi","max_new_tokens":1.5})", "'max_new_tokens' = 1.5 is not a whole number");
+  bad(R"({"prompt":"hi","id":3.7})", "'id' = 3.7 is not a whole number");
+  bad(R"({"prompt":""})", "empty prompt");
+  bad(R"({"tokens":[]})", "empty prompt");
+  bad("{\"prompt\":\"a\",\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}", "deeper than 16");
+  bad("{\"prompt\":\"Once \xff\xfe\"}", "not valid JSON");
+  // Text that cannot fit in the prompt limit is refused by its length, before tokenizing.
+  bad(R"({"prompt":")" + std::string(20000, 'a') + R"("})", "cannot fit in 511 tokens", 511);
+  // A strategy a request names is bounded: stages, repeats, length.
+  std::string many = "quant";
+  for (int i = 0; i < 270; ++i) many += "|zstd(level=19)";
+  bad(R"({"prompt":"hi","strategy":")" + many + R"("})", "above the limit");
+  bad(R"({"prompt":"hi","strategy":"quant|zstd|zstd"})", "stage 'zstd' twice");
+  const std::string five = "prune|rotate|delta|quant|rans";
+  auto ok = ParseServeRequest(R"({"prompt":"hi","strategy":")" + five + R"(","max_new_tokens":7.0})", &tok, 256);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->max_new_tokens, 7u);
+}
+
+TEST(ServeJson, TheRouterForwardsOnlyWhatANodeReadsAndRefusesWhatItWouldRefuse) {
+  auto r = RouteRequest(R"({"prompt":"Once upon a time","max_new_tokens":4,"x":[[1]],"floor":0.9})", 256);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->label, "short");
+  const auto j = nlohmann::json::parse(r->body);
+  EXPECT_FALSE(j.contains("x"));
+  EXPECT_EQ(j["floor"], 0.9);
+  EXPECT_EQ(j["label"], "short");
+  auto tagged = RouteRequest(R"({"prompt":"hi","label":"chat"})", 256);
+  ASSERT_TRUE(tagged.ok());
+  EXPECT_EQ(tagged->label, "chat");
+  for (const std::string& bad : {std::string(R"({"prompt":"hi","label":5})"), std::string("[1]"), std::string("{bad"),
+                                "{\"prompt\":\"a\",\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}"}) {
+    auto b = RouteRequest(bad, 256);
+    ASSERT_FALSE(b.ok()) << bad.substr(0, 60);
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace

@@ -3,6 +3,9 @@
 // recomputes when that is faster; every fault — a corrupted value, a chunk evicted between
 // lookup and fetch, Redis stopped (and back), a cluster node killed — ends in right tokens.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include "kvserve/frame.h"
 #include "kvserve/profile.h"
@@ -33,6 +36,12 @@ const char* kStory = "Once upon a time, there was a little girl named Lily. She 
 std::vector<int> Local(const LlamaModel& m, const ServeRequest& r) {
   LlamaEngine engine(m);
   return engine.Generate(r.prompt, r.max_new_tokens).value();
+}
+
+// The key of chunk `c` of a stories260K request's uncompressed copy, as the node stores it.
+std::string UncompressedChunkKey(const ServeRequest& r, size_t c) {
+  PoolKeyOptions ko{Stories().sha256, kChunk};
+  return PoolChunkKey(ko, PrefixChainHashes(ko, std::span(r.prompt.data(), r.prompt.size() - 1)), c, "none");
 }
 
 std::unique_ptr<PoolNode> Node(const LlamaModel& m, KvPool* pool, const std::string& policy, const Profile* profile = nullptr,
@@ -151,9 +160,10 @@ class EvictingPool : public KvPool {
   explicit EvictingPool(KvPool* inner) : inner_(inner) {}
   std::string name() const override { return "evicting"; }
   Status Put(const std::string& k, std::span<const uint8_t> v) override { return inner_->Put(k, v); }
-  Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys) override {
+  using KvPool::GetMany;
+  Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys, uint64_t max_value_bytes) override {
     if (armed) for (const std::string& k : keys) (void)inner_->Delete(k);
-    return inner_->GetMany(keys);
+    return inner_->GetMany(keys, max_value_bytes);
   }
   Result<std::vector<bool>> ExistsMany(const std::vector<std::string>& k) override { return inner_->ExistsMany(k); }
   Status Delete(const std::string& k) override { return inner_->Delete(k); }
@@ -173,9 +183,7 @@ TEST(PoolNode, CorruptValuesAreDeletedAndRecomputedAndEvictionsMidFetchRecompute
   const std::vector<int> local = Local(Stories(), req);
   ASSERT_TRUE(node->Serve(req).ok());
   // Fault injection: the second chunk's value overwritten with garbage in the pool.
-  PoolKeyOptions ko{Stories().sha256, kChunk};
-  const auto chain = PrefixChainHashes(ko, std::span(req.prompt.data(), req.prompt.size() - 1));
-  const std::string key1 = PoolChunkKey(ko, chain, 1, "none");
+  const std::string key1 = UncompressedChunkKey(req, 1);
   ByteBuffer garbage = inner->Get(key1).value().value();
   garbage[garbage.size() / 2] ^= 0x40;
   ASSERT_TRUE(inner->Put(key1, garbage).ok());
@@ -246,6 +254,101 @@ TEST(PoolNode, AKilledClusterNodeCostsItsPrefixesNotTheRequests) {
     hits += out->pool_action == "fetch";
   }
   EXPECT_GT(hits, 0u);
+}
+
+// A valid frame of the same model moved under another prompt's key (as `redis-cli eval
+// "redis.call('set',KEYS[2],redis.call('get',KEYS[1]))"` would) is refused by the key it was
+// fetched under: a miss, deleted and recomputed, never the other prompt's tokens.
+TEST(PoolNode, AValueMovedUnderAnotherPromptsKeyIsAMissNeverItsTokens) {
+  auto pool = MakeEmbeddedPool();
+  auto node = Node(Stories(), pool.get(), "none");
+  const ServeRequest a = Req(Stories(), kStory, 16, 1);
+  const ServeRequest b = Req(Stories(), "Tom had a big blue truck. He liked to push it around the garden every day and", 16, 2);
+  ASSERT_TRUE(node->Serve(a).ok());
+  ASSERT_TRUE(node->Serve(b).ok());
+  const std::string key_a0 = UncompressedChunkKey(a, 0), key_b0 = UncompressedChunkKey(b, 0);
+  ASSERT_NE(key_a0, key_b0);
+  const ByteBuffer moved = pool->Get(key_b0).value().value();
+  ASSERT_TRUE(ParseFrame(moved).ok());  // a frame that passes every frame check
+  ASSERT_TRUE(pool->Put(key_a0, moved).ok());
+  auto r = node->Serve(a);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->cached_tokens, 0u);
+  EXPECT_EQ(r->tokens, Local(Stories(), a));
+  EXPECT_EQ(node->metrics().pool_corrupt.load(), 1u);
+  // Stored again under its own key: the next request fetches it.
+  auto again = node->Serve(a);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->pool_action, "fetch");
+  EXPECT_GT(again->cached_tokens, 0u);
+  EXPECT_EQ(again->tokens, Local(Stories(), a));
+}
+
+// Values whose part header lies — 2^20 parts of a 2^40-byte value after 1 MiB, or 2,000,000
+// parts in 33 bytes — are refused before anything is allocated or fetched for them, deleted, and
+// the request recomputes: the node neither aborts nor balloons, and is right after each.
+TEST(PoolNode, ForgedPartHeadersInRedisAreDeletedNotAllocated) {
+  ASSERT_TRUE(testing::HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
+  testing::RedisServer server;
+  auto pool = MakeRedisPool(testing::TestPoolOptions(server.address())).value();
+  auto node = Node(Stories(), pool.get(), "none");
+  const ServeRequest req = Req(Stories(), kStory, 16);
+  const std::vector<int> local = Local(Stories(), req);
+  ASSERT_TRUE(node->Serve(req).ok());
+  const std::string key0 = UncompressedChunkKey(req, 0);
+  auto header = [](uint32_t n_parts, uint64_t total) {
+    std::string h = "KVSP";
+    auto put = [&](const void* p, size_t n) { h.append(static_cast<const char*>(p), n); };
+    const uint32_t version = 1, reserved = 0;
+    const uint64_t put_id = 7;
+    put(&version, 4), put(&n_parts, 4), put(&reserved, 4), put(&total, 8), put(&put_id, 8);
+    return h;
+  };
+  const std::string bombs[] = {header(1u << 20, uint64_t{1} << 40) + std::string(1 << 20, '\0'),
+                               header(2000000, 2000000) + "x"};
+  const std::string path = ::testing::TempDir() + "/kvserve-bomb-" + std::to_string(::getpid());
+  uint64_t corrupt = 0;
+  for (const std::string& bomb : bombs) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bomb.data(), 1, bomb.size(), f);
+    std::fclose(f);
+    ASSERT_NE(server.Cli("-x SET '" + key0 + "' < " + path).find("OK"), std::string::npos);
+    auto r = node->Serve(req);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->cached_tokens, 0u);
+    EXPECT_EQ(r->tokens, local);
+    EXPECT_EQ(node->metrics().pool_corrupt.load(), ++corrupt);
+    // Deleted, then stored again intact by the recompute: the next request fetches it.
+    auto hit = node->Serve(req);
+    ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+    EXPECT_EQ(hit->pool_action, "fetch");
+    EXPECT_EQ(hit->tokens, local);
+  }
+  std::remove(path.c_str());
+}
+
+// A request may name one of the copies this node stores (fetched and stored alone); a strategy
+// it cannot code here (lowrank without a calibration store) or one it does not store is a 400,
+// as at the prefill node — never silently ignored.
+TEST(PoolNode, ARequestsStrategyIsHonouredOrRefused) {
+  auto pool = MakeEmbeddedPool();
+  auto node = Node(Stories(), pool.get(), "none");
+  ServeRequest req = Req(Stories(), kStory, 8);
+  req.strategy = "lowrank(rank=4,basis=12)";
+  auto low = node->Serve(req);
+  ASSERT_FALSE(low.ok());
+  EXPECT_EQ(low.status().code(), StatusCode::kInvalidArgument) << low.status().ToString();
+  req.strategy = CanonicalStrategy("quant(kbits=4,vbits=4)").value();
+  auto other = node->Serve(req);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("not a copy this pool node stores"), std::string::npos) << other.status().ToString();
+  req.strategy = "none";
+  ASSERT_TRUE(node->Serve(req).ok());
+  auto hit = node->Serve(req);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->pool_action, "fetch");
+  EXPECT_EQ(hit->tokens, Local(Stories(), req));
 }
 
 }  // namespace

@@ -2,11 +2,17 @@
 // free loopback ports, driven over HTTP, and stopped (or killed) by it. Every wait is bounded.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -22,11 +28,16 @@ using json = nlohmann::json;
 // A kvserve process whose first stdout line ends in "listening on HOST:PORT".
 class Process {
  public:
-  explicit Process(const std::vector<std::string>& args) {
+  // `nofile`: a descriptor limit for the process (0: inherited).
+  explicit Process(const std::vector<std::string>& args, rlim_t nofile = 0) {
     int out[2];
     EXPECT_EQ(::pipe(out), 0);
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (nofile > 0) {
+        const rlimit lim{nofile, nofile};
+        ::setrlimit(RLIMIT_NOFILE, &lim);
+      }
       ::dup2(out[1], 1);
       ::close(out[0]);
       ::close(out[1]);
@@ -51,6 +62,7 @@ class Process {
   }
   ~Process() { Stop(SIGTERM); }
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
   // Stops the process with `sig`; SIGKILL if it has not ended within 10 s. Returns its status.
   int Stop(int sig) {
     if (pid_ <= 0) return status_;
@@ -167,6 +179,88 @@ TEST(ServeCli, CorruptingFaultInjectionIsDetectedAndResent) {
   ASSERT_EQ(got.status, 200) << got.body.dump();
   EXPECT_GE(got.body["resent_layers"].get<int>(), 1);
   EXPECT_EQ(got.body["tokens"], want.body["tokens"]);
+}
+
+// CPU seconds (user + system) the process has used so far, from /proc.
+double CpuSeconds(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return -1;
+  char buf[1024] = {0};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  // Fields after the command name (which may hold spaces) start past its ')'.
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr || n == 0) return -1;
+  unsigned long long utime = 0, stime = 0;
+  std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime);
+  return double(utime + stime) / double(::sysconf(_SC_CLK_TCK));
+}
+
+// Hostile HTTP clients (issue 36): a body nested 100,000 deep, bytes that are not UTF-8, a
+// label that is not a string, an empty prompt, fractional counts — each a 400 with the reason in
+// JSON (no exception text in a header), and the processes go on serving.
+TEST(ServeCli, HostileBodiesAreRefusedWithTheReasonAndServiceGoesOn) {
+  Process decode({"serve", "decode", "--listen", "127.0.0.1:0", "--log-level", "quiet"});
+  Process prefill({"serve", "prefill", "--listen", "127.0.0.1:0", "--peer", decode.address(), "--log-level", "quiet"});
+  Process router({"serve", "router", "--listen", "127.0.0.1:0", "--peer", prefill.address(), "--log-level", "quiet"});
+  ASSERT_FALSE(router.address().empty());
+  const std::string deep =
+      "{\"prompt\":\"Once\",\"max_new_tokens\":2,\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const struct {
+    std::string body, want;
+  } cases[] = {
+      {deep, "deeper than"},
+      {"{\"prompt\":\"Once \xff\xfe\",\"max_new_tokens\":2}", "not valid JSON"},
+      {R"({"prompt":"Once","label":5})", "'label' must be a string"},
+      {R"({"prompt":""})", "empty prompt"},
+      {R"({"prompt":"Once","max_new_tokens":1.5})", "not a whole number"},
+  };
+  for (const std::string& target : {router.address(), prefill.address()}) {
+    for (const auto& c : cases) {
+      if (target == prefill.address() && c.body == deep) continue;  // above the prefill node's body limit (413)
+      httplib::Client cli("http://" + target);
+      cli.set_read_timeout(std::chrono::seconds(30));
+      auto r = cli.Post("/generate", c.body, "application/json");
+      ASSERT_TRUE(r) << target << " " << c.want;
+      EXPECT_EQ(r->status, 400) << target << " " << c.want << ": " << r->body;
+      EXPECT_FALSE(r->has_header("EXCEPTION_WHAT")) << r->get_header_value("EXCEPTION_WHAT");
+      const json j = json::parse(r->body, nullptr, false);
+      ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+      EXPECT_NE(j["error"].get<std::string>().find(c.want), std::string::npos) << target << ": " << r->body;
+    }
+  }
+  Reply ok = Post(router.address(), json{{"prompt", "Once upon a time"}, {"max_new_tokens", 4}}.dump());
+  EXPECT_EQ(ok.status, 200) << ok.body.dump();
+}
+
+// Out of descriptors (nofile 48, 70 idle connections): the decode node's accept loop backs off
+// instead of spinning on a core, refuses what it cannot take, and serves once they close.
+TEST(ServeCli, DecodeNodeOutOfDescriptorsBacksOffAndRecovers) {
+  Process decode({"serve", "decode", "--listen", "127.0.0.1:0", "--log-level", "quiet"}, 48);
+  ASSERT_FALSE(decode.address().empty());
+  const size_t colon = decode.address().rfind(':');
+  const int port = std::stoi(decode.address().substr(colon + 1));
+  std::vector<int> fds;
+  for (int i = 0; i < 70; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) fds.push_back(fd);
+    else ::close(fd);
+  }
+  ::usleep(500000);
+  const double cpu0 = CpuSeconds(decode.pid());
+  ::usleep(2000000);
+  const double cpu = CpuSeconds(decode.pid()) - cpu0;
+  EXPECT_LT(cpu, 0.5) << "the accept loop spun for " << cpu << " s of CPU in 2 s";
+  for (int fd : fds) ::close(fd);
+  ::usleep(500000);
+  Process prefill({"serve", "prefill", "--listen", "127.0.0.1:0", "--peer", decode.address(), "--timeout", "10",
+                   "--log-level", "quiet"});
+  Reply r = Post(prefill.address(), json{{"prompt", "Tom had a red ball"}, {"max_new_tokens", 4}}.dump());
+  EXPECT_EQ(r.status, 200) << r.body.dump();
 }
 
 }  // namespace
