@@ -90,6 +90,9 @@ struct DecodeNodeOptions {
   double request_timeout_s = 30;  // a request whose frames stop arriving fails after this
   // Connections served at once (a thread each); beyond, a connection is told so and closed.
   uint32_t max_connections = 64;
+  // Request buffers (a KV slot and a frame buffer each) kept for the next requests once their
+  // connection ends, so serving does not fault in fresh memory per request.
+  uint32_t kept_buffers = 4;
 };
 
 // Serves connections from prefill nodes, one thread per connection (at most max_connections),
@@ -108,6 +111,14 @@ class DecodeNode {
   void AcceptLoop();
   void Serve(std::shared_ptr<Connection> c);
   void ServeRequests(Connection* c);
+  struct Scratch {
+    KvBlock kv;        // the request's KV, reshaped per request
+    ByteBuffer frame;  // the last frame's allocation, received into again
+  };
+  std::unique_ptr<Scratch> TakeScratch();
+  void GiveScratch(std::unique_ptr<Scratch> s);
+  std::mutex scratch_mu_;
+  std::vector<std::unique_ptr<Scratch>> scratch_;
   Transport* transport_;
   DecodeNodeOptions opts_;
   std::unique_ptr<Listener> listener_;
@@ -160,8 +171,13 @@ class PrefillNode {
   Choice Choose(const ServeRequest& req, double kv_bytes, double model_seconds);
   Status Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv, const std::vector<float>& scores,
                   const std::string& spec, int first_token, ServeResponse* out);
+  // Frame buffers whose allocations the encoder reuses (pages already faulted in).
+  ByteBuffer TakeFrameBuffer();
+  void GiveFrameBuffer(ByteBuffer b);
   Transport* transport_;
   PrefillNodeOptions opts_;
+  std::mutex buffers_mu_;
+  std::vector<ByteBuffer> buffers_;
   std::unique_ptr<Controller> controller_;
   mutable std::mutex mu_;  // controller_, estimator_
   BandwidthEstimator estimator_;

@@ -42,7 +42,10 @@ class Connection {
  public:
   virtual ~Connection() = default;
   virtual Status Send(MessageKind kind, std::span<const uint8_t> body, Clock::time_point deadline) = 0;
-  virtual Result<Message> Receive(Clock::time_point deadline) = 0;
+  // The next message. `storage`, when given, is a buffer whose allocation the body reuses (a
+  // previous message's body handed back): a receiver of large frames then takes no fresh pages
+  // per message. Its contents are replaced.
+  virtual Result<Message> Receive(Clock::time_point deadline, ByteBuffer* storage = nullptr) = 0;
   // Receive refuses (kOutOfRange, closing the connection) a message announcing more than this,
   // before reading its body; a node narrows it to what the next message may hold. Starts at the
   // transport's max_message_bytes.

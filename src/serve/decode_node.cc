@@ -109,6 +109,16 @@ void DecodeNode::ServeRequests(Connection* c) {
   const uint32_t max_new_limit = synth ? (1u << 20) : opts_.model->config.seq_len;
   const uint32_t vocab = synth ? (1u << 30) : opts_.model->config.vocab_size;
   const uint64_t bytes_per_token = uint64_t{2} * n_layer * n_head_kv * head_dim * (synth ? 2 : 4);
+  // This connection's KV slot and frame buffer, taken from the node's and given back after: a
+  // request decodes into memory an earlier one warmed, as an engine's block pool would, instead
+  // of faulting in its whole KV and every frame afresh.
+  std::unique_ptr<Scratch> scratch = TakeScratch();
+  struct GiveBack {
+    DecodeNode* node;
+    std::unique_ptr<Scratch>* s;
+    ~GiveBack() { node->GiveScratch(std::move(*s)); }
+  } give_back{this, &scratch};
+  KvBlock& kv = scratch->kv;
   while (!stopping_) {
     c->set_max_message_bytes(serve_internal::kControlMessageBytes);
     auto first = c->Receive(DeadlineIn(opts_.request_timeout_s * 4));
@@ -134,7 +144,6 @@ void DecodeNode::ServeRequests(Connection* c) {
     // twice its raw bytes and a header bound whatever strategy made it.
     c->set_max_message_bytes(2 * bytes_per_token * prompt_len + (1 << 20));
     const Clock::time_point deadline = DeadlineIn(opts_.request_timeout_s);
-    KvBlock kv;
     std::unique_ptr<LayerAssembler> assembler;
     double decode_s = 0;
     uint64_t wire_bytes = 0;
@@ -142,12 +151,18 @@ void DecodeNode::ServeRequests(Connection* c) {
     Status st;
     bool done = false, connection_ok = true;
     while (!done && st.ok()) {
-      auto m = c->Receive(deadline);
+      auto m = c->Receive(deadline, &scratch->frame);
       if (!m.ok()) {
         st = m.status();
         connection_ok = false;
         break;
       }
+      // The body's allocation goes back to the scratch buffer for the next message.
+      struct Recycle {
+        ByteBuffer* from;
+        ByteBuffer* to;
+        ~Recycle() { *to = std::move(*from); }
+      } recycle{&m->body, &scratch->frame};
       if (m->kind == MessageKind::kFrame) {
         wire_bytes += m->body.size();
         const Clock::time_point d0 = Clock::now();
@@ -165,12 +180,10 @@ void DecodeNode::ServeRequests(Connection* c) {
             st = Status::InvalidArgument("request " + std::to_string(id) + ": frame does not fit this model's KV");
             break;
           }
-          auto made = KvBlock::Create(KvShape{n_layer, n_head_kv, kept, head_dim}, synth ? DType::kF16 : DType::kF32);
-          if (!made.ok()) {
-            st = made.status();
-            break;
-          }
-          kv = std::move(made).value();
+          // Every layer is written before generation reads it (a request missing one fails), so
+          // the slot is reshaped without being cleared.
+          st = kv.Reset(KvShape{n_layer, n_head_kv, kept, head_dim}, synth ? DType::kF16 : DType::kF32);
+          if (!st.ok()) break;
           assembler = std::make_unique<LayerAssembler>(id, &kv, opts_.env);
         }
         const Status add = assembler->Add(m->body);
@@ -220,6 +233,20 @@ void DecodeNode::ServeRequests(Connection* c) {
                          {"generate_s", Seconds(g0, Clock::now())}};
     if (!SendJson(c, MessageKind::kResult, result, DeadlineIn(opts_.request_timeout_s)).ok()) break;
   }
+}
+
+std::unique_ptr<DecodeNode::Scratch> DecodeNode::TakeScratch() {
+  std::lock_guard<std::mutex> lock(scratch_mu_);
+  if (scratch_.empty()) return std::make_unique<Scratch>();
+  std::unique_ptr<Scratch> s = std::move(scratch_.back());
+  scratch_.pop_back();
+  return s;
+}
+
+void DecodeNode::GiveScratch(std::unique_ptr<Scratch> s) {
+  if (s == nullptr) return;
+  std::lock_guard<std::mutex> lock(scratch_mu_);
+  if (scratch_.size() < opts_.kept_buffers) scratch_.push_back(std::move(s));
 }
 
 // The connection's thread: its requests, then (whatever happened, an exception included) the

@@ -118,7 +118,7 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   std::thread encoder([&] {
     encode_status = serve_internal::Guarded("encoding a frame", [&]() -> Status {
       for (uint32_t l = 0; l < (per_layer ? n_layer : 1); ++l) {
-        ByteBuffer f;
+        ByteBuffer f = TakeFrameBuffer();
         const Clock::time_point e0 = Clock::now();
         KV_RETURN_IF_ERROR(encode(l, &f));
         encode_s += Seconds(e0, Clock::now());
@@ -131,6 +131,7 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   Status send_status;
   while (auto f = queue.Pop()) {
     send_status = send_frame(*f, true);
+    GiveFrameBuffer(std::move(*f));
     if (!send_status.ok()) {
       queue.Close();
       break;
@@ -177,6 +178,20 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
     out->timings.transfer_s = std::max(0.0, Seconds(t0, Clock::now()) - out->timings.generate_s);
     return Status::Ok();
   }
+}
+
+ByteBuffer PrefillNode::TakeFrameBuffer() {
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  if (buffers_.empty()) return ByteBuffer();
+  ByteBuffer b = std::move(buffers_.back());
+  buffers_.pop_back();
+  return b;
+}
+
+void PrefillNode::GiveFrameBuffer(ByteBuffer b) {
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  // Enough for the encoder's queue and the frame on the wire of a few concurrent requests.
+  if (buffers_.size() < 8) buffers_.push_back(std::move(b));
 }
 
 Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {

@@ -101,7 +101,7 @@ class TcpConnection final : public Connection {
     return Status::Ok();
   }
 
-  Result<Message> Receive(Clock::time_point deadline) override {
+  Result<Message> Receive(Clock::time_point deadline, ByteBuffer* storage) override {
     std::lock_guard<std::mutex> lock(recv_mu_);
     uint8_t header[kHeader];
     KV_RETURN_IF_ERROR(ReadAll(header, kHeader, deadline));
@@ -123,6 +123,10 @@ class TcpConnection final : public Connection {
     }
     Message m;
     m.kind = MessageKind(header[4]);
+    if (storage != nullptr) {
+      m.body = std::move(*storage);
+      m.body.clear();  // keeps the allocation; the element type is not zero-filled on resize
+    }
     // Grown as bytes arrive, so a lying length costs memory only for what was really sent.
     constexpr size_t kChunk = 4 << 20;
     while (m.body.size() < len) {

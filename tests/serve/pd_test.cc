@@ -239,6 +239,26 @@ TEST_F(Pd, ConcurrentRequestsAreEachAnsweredOnceWithSerialTokens) {
   EXPECT_EQ(decoders_[0]->metrics().requests + decoders_[1]->metrics().requests, uint64_t(kRequests));
 }
 
+// The decode node reuses its request buffers (a KV slot and a frame buffer) across requests:
+// a long prompt, then a short one with token selection, then the long one again, each into a
+// slot an earlier request of another shape left behind — every answer is the local one.
+TEST_F(Pd, ReusedRequestBuffersGiveEachRequestItsOwnKv) {
+  StartDecodeNodes(Stories(), 1);
+  auto prefill = Prefill(Stories());
+  const ServeRequest long_req = Req(Stories(), "Once upon a time, there was a little girl named Lily. She loved to play outside", 12, 1);
+  ServeRequest pruned_req = Req(Stories(), "Tom had a red ball", 12, 2);
+  pruned_req.strategy = CanonicalStrategy("prune(sink=2,recent=2,keep=0.5)|quant(kbits=4,vbits=4)").value();
+  ServeRequest again_req = long_req;
+  again_req.id = 3;
+  const ServeRequest &pruned = pruned_req, &again = again_req;
+  for (const ServeRequest* r : {&long_req, &pruned, &again, &pruned}) {
+    auto out = prefill->Serve(*r);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    const std::string spec = r->strategy.empty() ? "none" : r->strategy;
+    EXPECT_EQ(out->tokens, LocalTokens(Stories(), r->prompt, 12, spec)) << r->id;
+  }
+}
+
 TEST_F(Pd, AdaptiveChoiceComesFromTheProfileWithItsExplanation) {
   StartDecodeNodes(Baby(), 1);
   const Profile profile = LoadProfile(SourceDir() + "/bench/profiles/default.json").value();
