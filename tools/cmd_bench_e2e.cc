@@ -33,6 +33,7 @@ struct E2eFlags {
   int threads = 2;
   uint64_t seed = 1;
   bool quick = false, as_json = false;
+  bool bandwidths_given = false;  // --quick keeps them
   // --mode pool
   double reuse = 0.8;
   uint32_t suffix_tokens = 64, chunk_tokens = kDefaultChunkTokens;
@@ -370,10 +371,16 @@ Status RunPoolMode(const E2eFlags& f);
 
 Status RunE2e(E2eFlags f) {
   if (f.mode == "pool") {
-    if (f.quick) f.bandwidths = {2, 15}, f.requests = std::min<uint32_t>(f.requests, 8), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
+    if (f.quick) {
+      if (!f.bandwidths_given) f.bandwidths = {2, 15};
+      f.requests = std::min<uint32_t>(f.requests, 8), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
+    }
     return RunPoolMode(f);
   }
-  if (f.quick) f.bandwidths = {1, 10}, f.requests = std::min<uint32_t>(f.requests, 6), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
+  if (f.quick) {
+    if (!f.bandwidths_given) f.bandwidths = {1, 10};
+    f.requests = std::min<uint32_t>(f.requests, 6), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
+  }
   KV_ASSIGN_OR_RETURN(SyntheticModel sm, ModelOf(f));
   KV_ASSIGN_OR_RETURN(Profile profile, LoadProfile(f.profile));
   KV_ASSIGN_OR_RETURN(std::vector<Policy> policies, LoadPolicies(f));
@@ -656,7 +663,8 @@ void AddBenchE2eCommand(CLI::App& bench) {
       ->check(CLI::IsMember({"embedded", "redis", "redis-cluster"}));
   c->add_option("--pool-address", f->pool_address, "pool: HOST:PORT of the Redis server (or a cluster node)");
   c->add_option("--pool-capacity-mib", f->pool_capacity_mib, "pool: embedded capacity (LRU beyond)")->capture_default_str()->check(InRange(1, 1 << 24));
-  c->add_option("--bandwidths", f->bandwidths, "link rates in Gbit/s")->delimiter(',')->capture_default_str()->check(InRange(1e-3, 1e4));
+  auto* bandwidths =
+      c->add_option("--bandwidths", f->bandwidths, "link rates in Gbit/s")->delimiter(',')->capture_default_str()->check(InRange(1e-3, 1e4));
   c->add_option("--requests", f->requests, "requests per point")->capture_default_str()->check(InRange(1, 10000));
   c->add_option("--prompt-tokens", f->prompt_tokens, "prompt length (without --workload); pool: the shared prefix")->capture_default_str()->check(InRange(1, 1 << 17));
   c->add_option("--workload", f->workload, "workload CSV whose prompt lengths are used in turn");
@@ -674,9 +682,12 @@ void AddBenchE2eCommand(CLI::App& bench) {
   c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
   c->add_option("--seed", f->seed, "arrival seed")->capture_default_str();
   c->add_option("--svg", f->svg, "also write JCT vs bandwidth per policy (SVG)")->check(OutputPath());
-  c->add_flag("--quick", f->quick, "two bandwidths, 6 requests of at most 1024 tokens (about a minute)");
+  c->add_flag("--quick", f->quick, "6 requests of at most 1024 tokens (8 in pool mode), and two bandwidths unless --bandwidths says (about a minute)");
   c->add_flag("--json", f->as_json, "machine-readable output");
-  SetAction(c, [=]() { return RunE2e(*f); });
+  SetAction(c, [=]() {
+    f->bandwidths_given = bandwidths->count() > 0;
+    return RunE2e(*f);
+  });
 }
 
 }  // namespace kvserve::cli

@@ -293,6 +293,17 @@ TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
   for (const char* k : {"sum_ms", "max_ms", "observed_ms"}) EXPECT_GT(j["pipelining"][k].get<double>(), 0) << k;
 }
 
+// --quick shortens a run; it does not replace the bandwidths the user asked for.
+TEST(ServeCli, QuickKeepsTheBandwidthsItIsGiven) {
+  auto r = kvserve::testing::Cli(
+      "bench e2e --quick --bandwidths 3 --requests 1 --prompt-tokens 64 --max-new 2 --static uniform8 --json 2>/dev/null", "", 300);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_FALSE(j["points"].empty());
+  for (const json& p : j["points"]) EXPECT_EQ(p["gbps"].get<double>(), 3) << p.dump();
+}
+
 TEST(ServeCli, PoolNodeProcessFetchesTheSharedPrefixAndGivesLocalText) {
   Process node({"serve", "pool", "-m", "stories260K", "--listen", "127.0.0.1:0", "--pool", "embedded", "--policy", "none",
                 "--chunk-tokens", "8", "--log-level", "quiet"});
