@@ -22,14 +22,14 @@ namespace {
 using json = nlohmann::json;
 
 struct E2eFlags {
-  std::string mode = "pd", kv_shape = "llama3-8b", arrival = "poisson", workload;
+  std::string mode = "pd", kv_shape = "llama3-8b", gpu = "h100", arrival = "poisson", workload;
   std::string profile = SourceDir() + "/bench/profiles/default.json";
   std::string table = SourceDir() + "/docs/results/table_babyllama105.json";
   std::string svg, json_out;
   std::vector<double> bandwidths = {1, 2, 5, 10};
   std::vector<std::string> statics = {"uniform8", "kivi2", "cachegen", "mixhq4"};
   uint32_t requests = 24, prompt_tokens = 2048, max_new = 16;
-  double load = 0.9, slo_ms = 2000, floor = 0.97, prefill_tps = 25000, decode_tps = 200;
+  double load = 0.9, slo_ms = 2000, floor = 0.97, prefill_tps = 0, decode_tps = 0;  // 0: from --kv-shape and --gpu
   int threads = 2;
   uint64_t seed = 1;
   bool quick = false, as_json = false;
@@ -348,6 +348,9 @@ json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, cons
           {"kv_bytes_per_token", sm.kv_bytes_per_token()},
           {"compute_model", {{"prefill_tokens_per_second", sm.prefill_tokens_per_second},
                              {"decode_tokens_per_second", sm.decode_tokens_per_second},
+                             {"gpu", sm.gpu},
+                             {"tensor_parallel", sm.tensor_parallel},
+                             {"derived", f.prefill_tps == 0 && f.decode_tps == 0},
                              {"note", note}}},
           {"link_ceiling_gbps", ceiling},
           {"requests", f.requests},
@@ -359,11 +362,17 @@ json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, cons
           {"codec_threads", f.threads}};
 }
 
-// The synthetic stand-in of --kv-shape with the flags' compute rates.
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : " | ") + n;
+  return s;
+}
+
+// The synthetic stand-in of --kv-shape on --gpu, with the flags' compute rates where given.
 Result<SyntheticModel> ModelOf(const E2eFlags& f) {
-  KV_ASSIGN_OR_RETURN(SyntheticModel sm, SyntheticModelByName(f.kv_shape));
-  sm.prefill_tokens_per_second = f.prefill_tps;
-  sm.decode_tokens_per_second = f.decode_tps;
+  KV_ASSIGN_OR_RETURN(SyntheticModel sm, SyntheticModelByName(f.kv_shape, f.gpu));
+  if (f.prefill_tps > 0) sm.prefill_tokens_per_second = f.prefill_tps;
+  if (f.decode_tps > 0) sm.decode_tokens_per_second = f.decode_tps;
   return sm;
 }
 
@@ -671,14 +680,19 @@ void AddBenchE2eCommand(CLI::App& bench) {
   c->add_option("--max-new", f->max_new, "generated tokens per request")->capture_default_str()->check(InRange(1, 1 << 16));
   c->add_option("--load", f->load, "offered load on the uncompressed link")->capture_default_str()->check(InRange(0.01, 10));
   c->add_option("--arrival", f->arrival, "poisson | burst")->capture_default_str()->check(CLI::IsMember({"poisson", "burst"}));
-  c->add_option("--kv-shape", f->kv_shape, "synthetic KV shape and compute model")->capture_default_str();
+  c->add_option("--kv-shape", f->kv_shape, "synthetic KV shape: " + JoinNames(SyntheticShapeNames()))->capture_default_str()
+      ->check(CLI::IsMember(SyntheticShapeNames()));
+  c->add_option("--gpu", f->gpu, "GPU preset of the compute model: " + JoinNames(GpuPresetNames()) + " (docs/SERVING.md)")
+      ->capture_default_str()->check(CLI::IsMember(GpuPresetNames()));
   c->add_option("--profile", f->profile, "profile for the adaptive policy")->capture_default_str();
   c->add_option("--table", f->table, "strategy table JSON with the static policies' specs and quality")->capture_default_str();
   c->add_option("--static", f->statics, "static policies (table row names)")->delimiter(',')->capture_default_str();
   c->add_option("--slo-ms", f->slo_ms, "TTFT objective per request")->capture_default_str()->check(InRange(1e-3, 1e9));
   c->add_option("--floor", f->floor, "quality floor")->capture_default_str()->check(InRange(0, 1.05));
-  c->add_option("--prefill-tps", f->prefill_tps, "modelled prefill tokens/s")->capture_default_str()->check(InRange(1, 1e9));
-  c->add_option("--decode-tps", f->decode_tps, "modelled decode tokens/s per request")->capture_default_str()->check(InRange(1e-3, 1e9));
+  c->add_option("--prefill-tps", f->prefill_tps, "modelled prefill tokens/s (0: from --kv-shape and --gpu)")
+      ->capture_default_str()->check(InRange(0, 1e9));
+  c->add_option("--decode-tps", f->decode_tps, "modelled decode tokens/s per request (0: from --kv-shape and --gpu)")
+      ->capture_default_str()->check(InRange(0, 1e9));
   c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
   c->add_option("--seed", f->seed, "arrival seed")->capture_default_str();
   c->add_option("--svg", f->svg, "also write JCT vs bandwidth per policy (SVG)")->check(OutputPath());

@@ -104,12 +104,66 @@ void AnswerExceptions(httplib::Server& svr) {
   });
 }
 
-Status RunDecode(const ModelFlags& mf, const std::string& listen, const std::string& metrics_listen, double timeout_s,
+// What a serving process runs: a real model (-m), or the synthetic stand-in of a production
+// shape (--kv-shape, on a --gpu preset): synthetic KV of that shape and modelled GPU compute,
+// with the codec, the transport and the link real. Requests to a synthetic node send 'tokens'.
+struct NodeModelFlags {
+  ModelFlags model;
+  std::string kv_shape, gpu = "h100";
+  std::vector<uint32_t> prepare_tokens;
+  // `prepare`: the node synthesizes prompt KV (prefill, pool), so it takes --prepare-tokens.
+  void Add(CLI::App* c, bool prepare) {
+    model.Add(c);
+    if (prepare) {
+      c->add_option("--prepare-tokens", prepare_tokens,
+                    "--kv-shape: prompt lengths whose synthetic KV is made at start, so the first requests of those "
+                    "lengths do not wait for it (the stand-in's KV is not serving time)")
+          ->delimiter(',')->check(InRange(1, 1 << 17));
+    }
+    c->add_option("--kv-shape", kv_shape,
+                  "serve the synthetic stand-in of a production shape instead of -m (" + Names(SyntheticShapeNames()) + ")")
+        ->check(CLI::IsMember(SyntheticShapeNames()));
+    c->add_option("--gpu", gpu, "GPU preset of --kv-shape's compute model (" + Names(GpuPresetNames()) + ")")
+        ->capture_default_str()->check(CLI::IsMember(GpuPresetNames()));
+  }
+  static std::string Names(const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& n : v) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }
+};
+
+struct NodeModel {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<SyntheticModel> synthetic;
+  const Tokenizer* tokenizer() const { return model ? &model->tokenizer : nullptr; }
+  uint32_t max_prompt() const { return model ? model->config.seq_len - 1 : synthetic->max_prompt_tokens; }
+  std::string Describe() const {
+    if (model) return "model " + model->name;
+    return "synthetic " + synthetic->name + " on " + synthetic->gpu + (synthetic->tensor_parallel > 1 ? " x" + std::to_string(synthetic->tensor_parallel) : "") +
+           " (prefill " + std::to_string(int(synthetic->prefill_tokens_per_second)) + " tokens/s, decode " +
+           std::to_string(int(synthetic->decode_tokens_per_second)) + " tokens/s, modelled)";
+  }
+  static Result<NodeModel> Load(const NodeModelFlags& f) {
+    NodeModel m;
+    if (!f.kv_shape.empty()) {
+      KV_ASSIGN_OR_RETURN(SyntheticModel sm, SyntheticModelByName(f.kv_shape, f.gpu));
+      m.synthetic = std::make_unique<SyntheticModel>(sm);
+    } else {
+      KV_ASSIGN_OR_RETURN(LlamaModel lm, f.model.Load());
+      m.model = std::make_unique<LlamaModel>(std::move(lm));
+    }
+    return m;
+  }
+};
+
+Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std::string& metrics_listen, double timeout_s,
                  uint32_t max_connections, LogLevel log) {
   BlockStopSignals();
-  KV_ASSIGN_OR_RETURN(LlamaModel model, mf.Load());
+  KV_ASSIGN_OR_RETURN(NodeModel model, NodeModel::Load(mf));
   auto transport = MakeTcpTransport();
-  DecodeNode node(transport.get(), DecodeNodeOptions{.model = &model, .env = Codec(), .request_timeout_s = timeout_s,
+  DecodeNode node(transport.get(), DecodeNodeOptions{.model = model.model.get(), .synthetic = model.synthetic.get(),
+                                                     .env = Codec(), .request_timeout_s = timeout_s,
                                                      .max_connections = max_connections});
   KV_RETURN_IF_ERROR(node.Start(listen));
   std::string host;
@@ -117,7 +171,7 @@ Status RunDecode(const ModelFlags& mf, const std::string& listen, const std::str
   KV_RETURN_IF_ERROR(ParseHostPort(listen, &host, &port));
   std::printf("decode listening on %s:%u\n", host.c_str(), unsigned(node.port()));
   std::fflush(stdout);
-  if (log != LogLevel::kQuiet) std::fprintf(stderr, "decode node: model %s, transport tcp\n", model.name.c_str());
+  if (log != LogLevel::kQuiet) std::fprintf(stderr, "decode node: %s, transport tcp\n", model.Describe().c_str());
   httplib::Server svr;
   std::thread http;
   if (!metrics_listen.empty()) {
@@ -142,17 +196,19 @@ Status RunDecode(const ModelFlags& mf, const std::string& listen, const std::str
 
 // The HTTP API of a node that serves requests itself (prefill, pool): POST /generate, GET
 // /metrics (Prometheus, with the bandwidth estimate), GET /health; a JSON log line per request.
-void AddNodeRoutes(httplib::Server& svr, const LlamaModel& model, LogLevel log, const std::string& role,
+void AddNodeRoutes(httplib::Server& svr, const NodeModel& model, LogLevel log, const std::string& role,
                    std::function<Result<ServeResponse>(const ServeRequest&)> serve, std::function<std::string()> metrics,
                    std::function<double()> bandwidth_gbps) {
   auto next_id = std::make_shared<std::atomic<uint64_t>>(1);
   // The longest body a valid request can have: its prompt as text (every token at most the
   // longest piece, escaped) or as ids, and the other fields.
-  svr.set_payload_max_length(size_t(model.config.seq_len) * std::max<size_t>(12, 6 * model.tokenizer.max_piece_bytes()) +
+  const Tokenizer* tokenizer = model.tokenizer();
+  const uint32_t max_prompt = model.max_prompt();
+  svr.set_payload_max_length(size_t(max_prompt) * std::max<size_t>(12, tokenizer ? 6 * tokenizer->max_piece_bytes() : 0) +
                              (64 << 10));
   AnswerExceptions(svr);
-  svr.Post("/generate", [&model, log, serve, next_id](const httplib::Request& req, httplib::Response& res) {
-    auto parsed = ParseServeRequest(req.body, &model.tokenizer, model.config.seq_len - 1);
+  svr.Post("/generate", [tokenizer, max_prompt, log, serve, next_id](const httplib::Request& req, httplib::Response& res) {
+    auto parsed = ParseServeRequest(req.body, tokenizer, max_prompt);
     if (!parsed.ok()) return ReplyError(res, parsed.status());
     ServeRequest r = std::move(parsed).value();
     if (r.id == 0) r.id = (*next_id)++;
@@ -161,7 +217,7 @@ void AddNodeRoutes(httplib::Server& svr, const LlamaModel& model, LogLevel log, 
       if (log != LogLevel::kQuiet) std::fprintf(stderr, "%s\n", Dump(json{{"id", r.id}, {"error", out.status().ToString()}}).c_str());
       return ReplyError(res, out.status());
     }
-    const std::string body = ServeResponseJson(out.value(), &model.tokenizer);
+    const std::string body = ServeResponseJson(out.value(), tokenizer);
     if (log != LogLevel::kQuiet) {
       // One structured line per request: what was chosen and why, and where the time went.
       json line = json::parse(body);
@@ -192,7 +248,7 @@ Result<std::unique_ptr<Profile>> OptionalProfile(const std::string& path, int th
 }
 
 struct PrefillFlags {
-  ModelFlags model;
+  NodeModelFlags model;
   std::string listen = "127.0.0.1:8080", profile, strategy = "none", log_level = "info";
   std::vector<std::string> peers;
   double timeout_s = 30, assume_gbps = 10, shape_gbps = 0;
@@ -203,13 +259,14 @@ struct PrefillFlags {
 Status RunPrefill(const PrefillFlags& f) {
   BlockStopSignals();
   const LogLevel log = ParseLogLevel(f.log_level);
-  KV_ASSIGN_OR_RETURN(LlamaModel model, f.model.Load());
+  KV_ASSIGN_OR_RETURN(NodeModel model, NodeModel::Load(f.model));
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile, f.threads, log));
   std::unique_ptr<LinkShaper> shaper;
   if (f.shape_gbps > 0) shaper = std::make_unique<LinkShaper>(f.shape_gbps);
   auto transport = MakeTcpTransport({.shaper = shaper.get()});
   PrefillNodeOptions o;
-  o.model = &model;
+  o.model = model.model.get();
+  o.synthetic = model.synthetic.get();
   o.env = Codec();
   o.decode_peers = f.peers;
   o.profile = profile.get();
@@ -219,6 +276,8 @@ Status RunPrefill(const PrefillFlags& f) {
   o.corrupt_every = f.corrupt_every;
   o.pool = Pool(f.threads);
   KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefillNode> node, PrefillNode::Create(transport.get(), o));
+  for (uint32_t n : f.model.prepare_tokens) KV_RETURN_IF_ERROR(node->Prepare(n));
+  if (log != LogLevel::kQuiet) std::fprintf(stderr, "prefill node: %s, transport tcp\n", model.Describe().c_str());
   httplib::Server svr;
   AddNodeRoutes(svr, model, log, "prefill", [&](const ServeRequest& r) { return node->Serve(r); },
                 [&] { return node->metrics().Prometheus("prefill"); }, [&] { return node->bandwidth_estimate_gbps(); });
@@ -226,7 +285,7 @@ Status RunPrefill(const PrefillFlags& f) {
 }
 
 struct PoolServeFlags {
-  ModelFlags model;
+  NodeModelFlags model;
   std::string listen = "127.0.0.1:8090", pool = "embedded", policy = "none", profile, log_level = "info";
   uint32_t chunk_tokens = kDefaultChunkTokens;
   uint64_t capacity_mib = 4096;
@@ -237,14 +296,15 @@ struct PoolServeFlags {
 Status RunPoolServe(const PoolServeFlags& f) {
   BlockStopSignals();
   const LogLevel log = ParseLogLevel(f.log_level);
-  KV_ASSIGN_OR_RETURN(LlamaModel model, f.model.Load());
+  KV_ASSIGN_OR_RETURN(NodeModel model, NodeModel::Load(f.model));
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile, f.threads, log));
   if (f.policy == "adaptive" && !profile) return Status::InvalidArgument("--policy adaptive needs --profile");
   KV_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, MakePool(f.pool, f.capacity_mib << 20));
   std::unique_ptr<LinkShaper> shaper;
   if (f.shape_gbps > 0) shaper = std::make_unique<LinkShaper>(f.shape_gbps);
   PoolNodeOptions o;
-  o.model = &model;
+  o.model = model.model.get();
+  o.synthetic = model.synthetic.get();
   o.env = Codec();
   o.pool = pool.get();
   o.pool_link = shaper.get();
@@ -254,7 +314,10 @@ Status RunPoolServe(const PoolServeFlags& f) {
   o.assume_gbps = f.shape_gbps > 0 ? f.shape_gbps : f.assume_gbps;
   o.threads = Pool(f.threads);
   KV_ASSIGN_OR_RETURN(std::unique_ptr<PoolNode> node, PoolNode::Create(o));
-  if (log != LogLevel::kQuiet) std::fprintf(stderr, "pool node: model %s, pool %s, policy %s\n", model.name.c_str(), pool->name().c_str(), f.policy.c_str());
+  for (uint32_t n : f.model.prepare_tokens) KV_RETURN_IF_ERROR(node->Prepare(n));
+  if (log != LogLevel::kQuiet) {
+    std::fprintf(stderr, "pool node: %s, pool %s, policy %s\n", model.Describe().c_str(), pool->name().c_str(), f.policy.c_str());
+  }
   httplib::Server svr;
   AddNodeRoutes(svr, model, log, "pool", [&](const ServeRequest& r) { return node->Serve(r); },
                 [&] { return node->metrics().Prometheus("pool"); }, [&] { return node->bandwidth_estimate_gbps(); });
@@ -433,13 +496,13 @@ void AddServeCommands(CLI::App& app) {
   const auto levels = CLI::IsMember({"quiet", "info", "debug"});
   {
     auto* c = serve->add_subcommand("decode", "Decode node: receives per-layer KV frames, decodes them on arrival, generates");
-    auto mf = std::make_shared<ModelFlags>();
+    auto mf = std::make_shared<NodeModelFlags>();
     auto listen = std::make_shared<std::string>("127.0.0.1:7001");
     auto timeout = std::make_shared<double>(30);
     auto log = std::make_shared<std::string>("info");
     auto metrics = std::make_shared<std::string>();
     auto max_connections = std::make_shared<uint32_t>(DecodeNodeOptions{}.max_connections);
-    mf->Add(c);
+    mf->Add(c, false);
     c->add_option("--listen", *listen, "host:port for prefill nodes (port 0: a free one, printed)")->capture_default_str();
     c->add_option("--metrics", *metrics, "HTTP host:port serving /metrics (default: none)");
     c->add_option("--timeout", *timeout, "seconds a request's frames may take to arrive")->capture_default_str()->check(InRange(0.01, 3600));
@@ -451,7 +514,7 @@ void AddServeCommands(CLI::App& app) {
   {
     auto* c = serve->add_subcommand("prefill", "Prefill node: HTTP POST /generate; prefills, chooses a strategy, streams KV to a decode node");
     auto f = std::make_shared<PrefillFlags>();
-    f->model.Add(c);
+    f->model.Add(c, true);
     c->add_option("--listen", f->listen, "HTTP host:port (port 0: a free one, printed)")->capture_default_str();
     c->add_option("--peer", f->peers, "decode node host:port (repeatable; tried in turn)")->required();
     c->add_option("--profile", f->profile, "profile file: choose per request with the controller (default: --strategy)");
@@ -470,7 +533,7 @@ void AddServeCommands(CLI::App& app) {
   {
     auto* c = serve->add_subcommand("pool", "Pool node (KV disaggregation): HTTP POST /generate; fetches cached prefix KV or recomputes, generates");
     auto f = std::make_shared<PoolServeFlags>();
-    f->model.Add(c);
+    f->model.Add(c, true);
     c->add_option("--listen", f->listen, "HTTP host:port (port 0: a free one, printed)")->capture_default_str();
     c->add_option("--pool", f->pool, "embedded | redis://HOST:PORT | redis-cluster://HOST:PORT")->capture_default_str();
     c->add_option("--policy", f->policy, "adaptive (needs --profile) | recompute | a strategy stored and fetched")->capture_default_str();

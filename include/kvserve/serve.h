@@ -71,17 +71,26 @@ struct NodeMetrics {
 // and the link are real. Defaults: Llama-3-8B (32 layers, 8 KV heads, head_dim 128: 128 KiB of
 // fp16 KV per token) on one H100 SXM, from its datasheet: prefill is compute-bound, 2 x 8e9
 // FLOP per token at 40% of 989 dense BF16 TFLOP/s = ~25,000 tokens/s, one prompt at a time;
-// decode is memory-bound, 16 GB of weights per step at 3.35 TB/s = ~200 tokens/s per request.
+// decode is memory-bound, 16 GB of weights and 0.5 GB of KV per step at 3.35 TB/s = ~200
+// tokens/s per request. SyntheticModelByName derives the same for other shapes and GPUs.
 struct SyntheticModel {
   std::string name = "llama3-8b";
   uint32_t n_layer = 32, n_head_kv = 8, head_dim = 128;
   uint32_t max_prompt_tokens = 32768;  // the longest prompt a node of this shape takes
   double prefill_tokens_per_second = 25000;
   double decode_tokens_per_second = 200;
+  std::string gpu = "h100";       // the preset the rates come from
+  uint32_t tensor_parallel = 1;   // GPUs the weights are split over
   uint64_t kv_bytes_per_token() const { return uint64_t{2} * 2 * n_layer * n_head_kv * head_dim; }
 };
-// "llama3-8b" (the default above); errors name the text.
-Result<SyntheticModel> SyntheticModelByName(const std::string& name);
+// A production shape ("llama3-8b", "qwen2.5-32b", "llama3-70b") on a GPU preset ("h100",
+// "a100", "l40s"): its KV shape, and compute rates by the rule of docs/SERVING.md (prefill at
+// 40% of dense BF16 peak, decode reading weights and 4096 tokens of KV per step at memory
+// bandwidth; tensor parallel over the fewest GPUs that hold the weights; two significant
+// figures). Errors name the text and list what is known.
+Result<SyntheticModel> SyntheticModelByName(const std::string& name, const std::string& gpu = "h100");
+std::vector<std::string> SyntheticShapeNames();
+std::vector<std::string> GpuPresetNames();
 
 struct DecodeNodeOptions {
   const LlamaModel* model = nullptr;

@@ -26,11 +26,6 @@ Result<std::vector<int>> GenerateAfterPrefix(const LlamaModel& model, const KvBl
 }
 }  // namespace
 
-Result<SyntheticModel> SyntheticModelByName(const std::string& name) {
-  if (name == "llama3-8b") return SyntheticModel{};
-  return Status::InvalidArgument("kv shape '" + name + "' is not known (known: llama3-8b)");
-}
-
 DecodeNode::DecodeNode(Transport* transport, DecodeNodeOptions opts) : transport_(transport), opts_(std::move(opts)) {}
 DecodeNode::~DecodeNode() { Stop(); }
 

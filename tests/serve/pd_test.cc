@@ -517,5 +517,38 @@ TEST(ServeJson, TheRouterForwardsOnlyWhatANodeReadsAndRefusesWhatItWouldRefuse) 
   }
 }
 
+// Production shapes and GPU presets: the KV shape of each released model, and compute rates by
+// the rule of docs/SERVING.md — which gives the llama3-8b-on-H100 figures the shipped results
+// used (25,000 and 200 tokens/s).
+TEST(SyntheticModels, ShapesAndGpuPresetsFollowTheDocumentedRule) {
+  const SyntheticModel l8 = SyntheticModelByName("llama3-8b").value();
+  EXPECT_EQ(l8.kv_bytes_per_token(), 131072u);
+  EXPECT_EQ(l8.prefill_tokens_per_second, 25000);
+  EXPECT_EQ(l8.decode_tokens_per_second, 200);
+  EXPECT_EQ(l8.tensor_parallel, 1u);
+  const SyntheticModel def;
+  EXPECT_EQ(def.prefill_tokens_per_second, l8.prefill_tokens_per_second);
+  EXPECT_EQ(def.decode_tokens_per_second, l8.decode_tokens_per_second);
+  const SyntheticModel q32 = SyntheticModelByName("qwen2.5-32b").value();
+  EXPECT_EQ(q32.n_layer, 64u);
+  EXPECT_EQ(q32.kv_bytes_per_token(), 262144u);
+  EXPECT_EQ(q32.tensor_parallel, 1u);  // 65.5 GB of weights in 80 GB
+  EXPECT_EQ(q32.prefill_tokens_per_second, 6000);  // 0.4 x 989.4e12 / (2 x 32.76e9)
+  EXPECT_EQ(q32.decode_tokens_per_second, 50);     // 3.35e12 / (65.5e9 + 4096 x 256 KiB)
+  const SyntheticModel l70 = SyntheticModelByName("llama3-70b").value();
+  EXPECT_EQ(l70.kv_bytes_per_token(), 327680u);
+  EXPECT_EQ(l70.tensor_parallel, 2u);  // 141 GB of weights: two H100s
+  EXPECT_EQ(l70.prefill_tokens_per_second, 5600);
+  const SyntheticModel l70s = SyntheticModelByName("llama3-70b", "l40s").value();
+  EXPECT_EQ(l70s.tensor_parallel, 4u);
+  EXPECT_LT(l70s.decode_tokens_per_second, l70.decode_tokens_per_second);
+  auto bad = SyntheticModelByName("llama9-1t");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("qwen2.5-32b"), std::string::npos) << bad.status().ToString();
+  auto gpu = SyntheticModelByName("llama3-8b", "tpu");
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_NE(gpu.status().message().find("h100"), std::string::npos) << gpu.status().ToString();
+}
+
 }  // namespace
 }  // namespace kvserve

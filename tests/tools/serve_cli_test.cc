@@ -293,6 +293,28 @@ TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
   for (const char* k : {"sum_ms", "max_ms", "observed_ms"}) EXPECT_GT(j["pipelining"][k].get<double>(), 0) << k;
 }
 
+// Production shapes as processes: a prefill and a decode node of the llama3-8b stand-in (synthetic
+// KV, modelled H100 compute) behind a router answer a request with the shape's byte counts.
+TEST(ServeCli, SyntheticShapeNodesBehindARouterMoveTheShapesBytes) {
+  Process decode({"serve", "decode", "--kv-shape", "llama3-8b", "--listen", "127.0.0.1:0", "--log-level", "quiet"});
+  Process prefill({"serve", "prefill", "--kv-shape", "llama3-8b", "--prepare-tokens", "64", "--listen", "127.0.0.1:0",
+                   "--peer", decode.address(), "--log-level", "quiet"});
+  Process router({"serve", "router", "--listen", "127.0.0.1:0", "--peer", prefill.address(), "--log-level", "quiet"});
+  ASSERT_FALSE(router.address().empty());
+  Reply r = Post(router.address(), json{{"tokens", std::vector<int>(64, 1)}, {"max_new_tokens", 3}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ(r.body["kv_bytes"].get<uint64_t>(), 64u * 131072u);
+  EXPECT_GE(r.body["wire_bytes"].get<uint64_t>(), 64u * 131072u);  // `none`: the KV and the frame headers
+  EXPECT_EQ(r.body["tokens"].size(), 3u);
+  EXPECT_FALSE(r.body.contains("text"));  // no tokenizer: ids only
+  Reply text = Post(router.address(), json{{"prompt", "hi"}}.dump());
+  EXPECT_EQ(text.status, 400);
+  EXPECT_NE(text.body["error"].get<std::string>().find("send 'tokens'"), std::string::npos) << text.body.dump();
+  auto bad = kvserve::testing::Cli("serve decode --kv-shape llama9-1t --listen 127.0.0.1:0");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("llama9-1t"), std::string::npos) << bad.out;
+}
+
 // --quick shortens a run; it does not replace the bandwidths the user asked for.
 TEST(ServeCli, QuickKeepsTheBandwidthsItIsGiven) {
   auto r = kvserve::testing::Cli(
