@@ -22,6 +22,7 @@ set(kHeader_controller control)
 set(kHeader_serve serve)
 set(kHeader_transport serve)
 set(kHeader_pool serve)
+set(kHeader_calibration serve)
 # What each module may include besides itself.
 set(kAllow_kv "")
 set(kAllow_codec kv)

@@ -38,8 +38,22 @@ for p in points:
     w(f"| {p['gbps']:g} | {p['policy']} | {'measured' if p['measured'] else 'modelled'} | {p['mean_ms']:.0f} | {p['p50_ms']:.0f} | "
       f"{p['p99_ms']:.0f} | {p['ttft_p99_ms']:.0f} | {100 * p['slo_attainment']:.0f}% | {p['quality']:.4f} | "
       f"{p['wire_bytes'] / 2**20:.0f} | {n['mean_ms'] / p['mean_ms']:.2f}× | {p['capacity_rps_modelled']:.3g} |")
-pl = j["pipelining"]
+cal = j.get("calibration")
 w("")
+if cal:
+    w(f"Calibration: each policy's request alone on each measured link, against its parts (prefill and generation at the "
+      f"modelled rates, its frames pipelined with the link at its rate); tolerance {100 * cal['tolerance']['relative']:.0f}% or "
+      f"{cal['tolerance']['absolute_ms']:.0f} ms. {'Every check passed.' if cal['valid'] else 'Points of a policy that failed say valid: false: they measure the testbed, not the system.'}\n")
+    w("| Gbit/s | policy | measured ms | predicted ms | ratio | valid |")
+    w("| --- | --- | --- | --- | --- | --- |")
+    for c in cal["checks"]:
+        w(f"| {c['gbps']:g} | {c['policy']} | {c['measured_ms']:.0f} | {c['predicted_ms']:.0f} | {c['ratio']:.2f} | "
+          f"{'yes' if c['valid'] else 'no (' + c.get('fault', '?') + ')'} |")
+    w("")
+else:
+    w("This result predates the calibration check (no `calibration` section): its points were not checked against a lone "
+      "request's parts.\n")
+pl = j["pipelining"]
 if pl:
     w(f"Pipelining, one request alone at {pl['gbps']:g} Gbit/s with `{pl['strategy']}`: encode {pl['encode_ms']:.0f} + wire "
       f"{pl['wire_ms']:.0f} + decode {pl['decode_ms']:.0f} = {pl['sum_ms']:.0f} ms; the slowest stage {pl['max_ms']:.0f} ms; "

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "control/simulator.h"
+#include "kvserve/calibration.h"
 #include "kvserve/file.h"
 #include "kvserve/profile.h"
 #include "kvserve/serve.h"
@@ -34,6 +35,9 @@ struct E2eFlags {
   uint64_t seed = 1;
   bool quick = false, as_json = false;
   bool bandwidths_given = false;  // --quick keeps them
+  bool allow_uncalibrated = false;
+  double calibration_tolerance = 0.10;
+  double inject_send_delay_ns = 0;  // test seam: per byte sent
   // --mode pool
   double reuse = 0.8;
   uint32_t suffix_tokens = 64, chunk_tokens = kDefaultChunkTokens;
@@ -53,6 +57,7 @@ struct Point {
   bool measured = true;
   double mean_ms = 0, p50_ms = 0, p99_ms = 0, ttft_p99_ms = 0, slo_attainment = 0, goodput = 0, quality = 1;
   double wire_bytes = 0, compute_share = 0, capacity_rps = 0;
+  bool valid = true;  // its policy's lone request on this link took what its parts predict
   uint32_t floor_violations = 0, errors = 0;
   std::map<std::string, uint32_t> choices;
   // --mode pool
@@ -83,13 +88,14 @@ std::vector<ServeResponse> Answers(std::vector<std::future<Result<ServeResponse>
 // One measured link: a decode node and a prefill node of the synthetic model over TCP shaped to
 // `gbps` in process; the prefill node runs the profile's controller, or `strategy` without one.
 struct Testbed {
-  explicit Testbed(double gbps) : shaper(gbps), transport(MakeTcpTransport({.shaper = &shaper})) {}
+  Testbed(double gbps, double send_delay_s_per_byte)
+      : shaper(gbps), transport(MakeTcpTransport({.shaper = &shaper, .send_delay_s_per_byte = send_delay_s_per_byte})) {}
   ~Testbed() {
     if (decode) decode->Stop();
   }
   static Result<std::unique_ptr<Testbed>> Start(const E2eFlags& f, const SyntheticModel& sm, double gbps,
                                                 const Profile* profile, const std::string& strategy) {
-    auto t = std::make_unique<Testbed>(gbps);
+    auto t = std::make_unique<Testbed>(gbps, f.inject_send_delay_ns * 1e-9);
     t->decode = std::make_unique<DecodeNode>(t->transport.get(), DecodeNodeOptions{.synthetic = &sm, .request_timeout_s = 600});
     KV_RETURN_IF_ERROR(t->decode->Start("127.0.0.1:0"));
     PrefillNodeOptions o;
@@ -173,6 +179,35 @@ Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Pro
   p.quality = q / jct.size();
   p.compute_share = compute / std::max(1e-12, total);
   return p;
+}
+
+// Calibration: each policy's request alone on a measured link, against what its parts predict
+// (kvserve/calibration.h). Points of a policy whose lone request is off are marked invalid.
+Result<LoneRequestCheck> Calibrate(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol,
+                                   double gbps, uint32_t prompt_tokens) {
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::Start(f, sm, gbps, pol.spec.empty() ? &profile : nullptr,
+                                                                   pol.spec.empty() ? "none" : pol.spec));
+  KV_RETURN_IF_ERROR(bed->prefill->Prepare(prompt_tokens));
+  ServeRequest r;
+  r.id = 1;
+  r.prompt.assign(prompt_tokens, 1);
+  r.max_new_tokens = f.max_new;
+  r.slo_ms = f.slo_ms;
+  r.floor = f.floor;
+  KV_ASSIGN_OR_RETURN(ServeResponse out, bed->prefill->Serve(r));
+  LoneRequestCheck c = CheckLoneRequest(out, sm, gbps, prompt_tokens, f.max_new, {.relative = f.calibration_tolerance});
+  c.policy = pol.name;
+  return c;
+}
+
+json CalibrationJson(const LoneRequestCheck& c) {
+  json stages = json::object();
+  for (const StageCheck& s : c.stages) stages[s.stage] = {{"measured_ms", s.measured_s * 1e3}, {"predicted_ms", s.predicted_s * 1e3}};
+  json j = {{"gbps", c.gbps}, {"policy", c.policy}, {"strategy", c.strategy}, {"measured_ms", c.measured_s * 1e3},
+            {"predicted_ms", c.predicted_s * 1e3}, {"ratio", c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0.0},
+            {"stages", stages}, {"valid", c.valid}};
+  if (!c.valid) j["fault"] = c.fault;
+  return j;
 }
 
 // Modelled: the simulator's prediction from the measured stage speeds, for links above what
@@ -334,7 +369,7 @@ json PointJson(const Point& p) {
           {"p50_ms", p.p50_ms}, {"p99_ms", p.p99_ms}, {"ttft_p99_ms", p.ttft_p99_ms},
           {"slo_attainment", p.slo_attainment}, {"goodput_rps", p.goodput}, {"wire_bytes", p.wire_bytes},
           {"quality", p.quality}, {"floor_violations", p.floor_violations}, {"errors", p.errors},
-          {"compute_share", p.compute_share}, {"choices", p.choices}};
+          {"compute_share", p.compute_share}, {"choices", p.choices}, {"valid", p.valid}};
 }
 
 Status WriteText(const std::string& path, const std::string& text) {
@@ -412,6 +447,21 @@ Status RunE2e(E2eFlags f) {
   const double ceiling = link.gbps;
   std::vector<Point> points;
   json pipelining;
+  // The instrument first: every policy alone on every measured link.
+  std::vector<LoneRequestCheck> checks;
+  for (double gbps : f.bandwidths) {
+    if (gbps > 0.9 * ceiling) continue;
+    for (const Policy& pol : policies) {
+      if (StderrIsTerminal() || !f.as_json) std::fprintf(stderr, "bench e2e: calibrating %s at %g Gbit/s...\n", pol.name.c_str(), gbps);
+      KV_ASSIGN_OR_RETURN(LoneRequestCheck c, Calibrate(f, sm, profile, pol, gbps, prompts[0]));
+      checks.push_back(std::move(c));
+    }
+  }
+  auto calibrated = [&](double gbps, const std::string& policy) {
+    for (const LoneRequestCheck& c : checks)
+      if (c.gbps == gbps && c.policy == policy) return c.valid;
+    return true;  // modelled points: the simulator's, checked against the measured ones above
+  };
   for (double gbps : f.bandwidths) {
     const double rate = f.arrival == "burst" ? 0 : f.load * gbps * 1e9 / 8 / (mean_tokens * sm.kv_bytes_per_token());
     std::vector<double> arrivals;
@@ -430,6 +480,7 @@ Status RunE2e(E2eFlags f) {
                         : RunModelled(f, sm, profile, pol, gbps, prompts, arrivals);
       KV_RETURN_IF_ERROR(p.status());
       KV_ASSIGN_OR_RETURN(p->capacity_rps, ModelledCapacity(f, sm, profile, pol, gbps, uint32_t(std::lround(mean_tokens))));
+      p->valid = calibrated(gbps, pol.name);
       points.push_back(std::move(p).value());
     }
     if (measured && pipelining.is_null()) {
@@ -457,10 +508,38 @@ Status RunE2e(E2eFlags f) {
     pts.push_back(std::move(j));
   }
   out["points"] = pts;
+  json cal = json::array();
+  size_t off = 0;
+  for (const LoneRequestCheck& c : checks) cal.push_back(CalibrationJson(c)), off += !c.valid;
+  out["calibration"] = {{"tolerance", {{"relative", f.calibration_tolerance}, {"absolute_ms", CalibrationTolerance{}.absolute_s * 1e3}}},
+                        {"checks", cal},
+                        {"valid", off == 0}};
+  // Said after the figures are written, so a failed calibration still leaves them to look at.
+  auto verdict = [&]() -> Status {
+    if (off == 0 || f.allow_uncalibrated) return Status::Ok();
+    std::string which;
+    for (const LoneRequestCheck& c : checks) {
+      if (c.valid) continue;
+      char b[160];
+      std::snprintf(b, sizeof b, "%s%s at %g Gbit/s: %.0f ms against %.0f predicted (%s)", which.empty() ? "" : "; ",
+                    c.policy.c_str(), c.gbps, c.measured_s * 1e3, c.predicted_s * 1e3, c.fault.c_str());
+      which += b;
+    }
+    return Status::OutOfRange("calibration: " + std::to_string(off) + " lone request(s) off their prediction by more than " +
+                              json(f.calibration_tolerance * 100).dump() + "% or 50 ms — " + which +
+                              "; their points say \"valid\": false (--allow-uncalibrated exits 0)");
+  };
   if (!f.svg.empty()) KV_RETURN_IF_ERROR(WriteText(f.svg, PlotSvg(points, policies, ceiling)));
   if (f.as_json) {
     std::printf("%s\n", out.dump(1).c_str());
-    return Status::Ok();
+    std::fflush(stdout);  // whole, before the verdict's line on stderr
+    return verdict();
+  }
+  std::printf("calibration (each policy alone; predicted = prefill + frames pipelined at the link rate + generation):\n");
+  for (const LoneRequestCheck& c : checks) {
+    std::printf("  %g Gbit/s %-18s %8.1f ms measured, %8.1f predicted (%.2fx)%s%s\n", c.gbps, c.policy.c_str(), c.measured_s * 1e3,
+                c.predicted_s * 1e3, c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0.0, c.valid ? "" : "  OFF: ",
+                c.valid ? "" : c.fault.c_str());
   }
   std::printf("PD end to end: %s KV (%.0f KiB/token), %u requests of %.0f prompt tokens, load %.2f, %s arrivals; link ceiling %.1f Gbit/s\n",
               sm.name.c_str(), sm.kv_bytes_per_token() / 1024.0, f.requests, mean_tokens, f.load, f.arrival.c_str(), ceiling);
@@ -479,7 +558,8 @@ Status RunE2e(E2eFlags f) {
                 pipelining["encode_ms"].get<double>(), pipelining["wire_ms"].get<double>(), pipelining["decode_ms"].get<double>(),
                 pipelining["sum_ms"].get<double>(), pipelining["max_ms"].get<double>(), pipelining["observed_ms"].get<double>());
   }
-  return Status::Ok();
+  std::fflush(stdout);
+  return verdict();
 }
 
 
@@ -698,6 +778,14 @@ void AddBenchE2eCommand(CLI::App& bench) {
   c->add_option("--svg", f->svg, "also write JCT vs bandwidth per policy (SVG)")->check(OutputPath());
   c->add_flag("--quick", f->quick, "6 requests of at most 1024 tokens (8 in pool mode), and two bandwidths unless --bandwidths says (about a minute)");
   c->add_flag("--json", f->as_json, "machine-readable output");
+  c->add_flag("--allow-uncalibrated", f->allow_uncalibrated,
+              "exit 0 even when a policy's lone request is off its prediction (its points still say \"valid\": false)");
+  c->add_option("--calibration-tolerance", f->calibration_tolerance,
+                "how far (relative; 50 ms at least) a lone request may be from its prediction")
+      ->capture_default_str()->check(InRange(0.001, 10));
+  c->add_option("--inject-send-delay-ns", f->inject_send_delay_ns,
+                "test seam: extra sending time per byte, an overhead the calibration must catch (0: none)")
+      ->capture_default_str()->check(InRange(0, 1e6));
   SetAction(c, [=]() {
     f->bandwidths_given = bandwidths->count() > 0;
     return RunE2e(*f);

@@ -81,6 +81,9 @@ class LinkShaper {
 struct TcpOptions {
   LinkShaper* shaper = nullptr;            // shared by every connection of the transport; null: off
   uint64_t max_message_bytes = 1ull << 32;  // a peer announcing more is refused before allocating
+  // Test seam: extra sending time per body byte, an overhead the benchmark's calibration must
+  // catch (bench e2e --inject-send-delay-ns). 0 in every real use.
+  double send_delay_s_per_byte = 0;
 };
 
 class Transport {

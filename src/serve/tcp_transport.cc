@@ -96,6 +96,7 @@ class TcpConnection final : public Connection {
     for (size_t at = 0; at < body.size(); at += kSlice) {
       const size_t n = std::min(kSlice, body.size() - at);
       if (opts_.shaper != nullptr) opts_.shaper->Take(n);
+      if (opts_.send_delay_s_per_byte > 0) std::this_thread::sleep_for(std::chrono::duration<double>(n * opts_.send_delay_s_per_byte));
       KV_RETURN_IF_ERROR(WriteAll(body.data() + at, n, deadline));
     }
     return Status::Ok();

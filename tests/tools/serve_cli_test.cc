@@ -271,7 +271,8 @@ namespace {
 // (modelled, and labelled so), every policy, the JSON the issue names.
 TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
   auto r = kvserve::testing::Cli(
-      "bench e2e --bandwidths 2,5000 --requests 3 --prompt-tokens 128 --max-new 2 --static uniform8,kivi2 --json 2>/dev/null", "",
+      "bench e2e --bandwidths 2,5000 --requests 3 --prompt-tokens 128 --max-new 2 --static uniform8,kivi2 --allow-uncalibrated "
+      "--json 2>/dev/null", "",
       300);
   ASSERT_EQ(r.code, 0) << r.out;
   const json j = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
@@ -315,10 +316,48 @@ TEST(ServeCli, SyntheticShapeNodesBehindARouterMoveTheShapesBytes) {
   EXPECT_NE(bad.out.find("llama9-1t"), std::string::npos) << bad.out;
 }
 
+// The benchmark checks itself first: each policy's lone request against its parts. An overhead
+// the parts do not explain (a per-byte delay injected in the sender, above the link's own time
+// per byte) marks that policy's points invalid, names the stage, and fails the run; without it
+// the run passes. The tolerance is loosened to 25% here so a busy CI machine tests the check,
+// not its own noise.
+TEST(ServeCli, CalibrationCatchesAnInjectedOverheadAndPassesWithoutIt) {
+  const std::string run = "bench e2e --bandwidths 2 --requests 1 --prompt-tokens 256 --max-new 2 --static uniform8 "
+                          "--calibration-tolerance 0.25 --json 2>/dev/null";
+  auto clean = kvserve::testing::Cli(run, "", 300);
+  ASSERT_EQ(clean.code, 0) << clean.out;
+  const json c = json::parse(clean.out.substr(clean.out.find('{')), nullptr, false);
+  ASSERT_FALSE(c.is_discarded()) << clean.out;
+  EXPECT_TRUE(c["calibration"]["valid"].get<bool>()) << c["calibration"].dump();
+  EXPECT_EQ(c["calibration"]["checks"].size(), 3u);  // none, adaptive, uniform8 at 2 Gbit/s
+  for (const json& p : c["points"]) EXPECT_TRUE(p["valid"].get<bool>()) << p.dump();
+  auto slow = kvserve::testing::Cli(run + " --inject-send-delay-ns 12", "", 300);
+  EXPECT_NE(slow.code, 0) << slow.out;
+  // The JSON, then (stderr merged) the error that fails the run.
+  const size_t open = slow.out.find('{'), close = slow.out.rfind('}');
+  ASSERT_NE(open, std::string::npos) << slow.out;
+  EXPECT_NE(slow.out.find("calibration: "), std::string::npos) << slow.out.substr(close);
+  const json s = json::parse(slow.out.substr(open, close - open + 1), nullptr, false);
+  ASSERT_FALSE(s.is_discarded()) << slow.out;
+  EXPECT_FALSE(s["calibration"]["valid"].get<bool>());
+  bool none_flagged = false;
+  for (const json& k : s["calibration"]["checks"]) {
+    if (k["policy"] != "none") continue;
+    none_flagged = !k["valid"].get<bool>();
+    EXPECT_EQ(k["fault"], "transfer") << k.dump();
+  }
+  EXPECT_TRUE(none_flagged) << s["calibration"].dump();
+  for (const json& p : s["points"])
+    if (p["policy"] == "none") EXPECT_FALSE(p["valid"].get<bool>()) << p.dump();
+  auto allowed = kvserve::testing::Cli(run + " --inject-send-delay-ns 12 --allow-uncalibrated", "", 300);
+  EXPECT_EQ(allowed.code, 0) << allowed.out;
+}
+
 // --quick shortens a run; it does not replace the bandwidths the user asked for.
 TEST(ServeCli, QuickKeepsTheBandwidthsItIsGiven) {
   auto r = kvserve::testing::Cli(
-      "bench e2e --quick --bandwidths 3 --requests 1 --prompt-tokens 64 --max-new 2 --static uniform8 --json 2>/dev/null", "", 300);
+      "bench e2e --quick --bandwidths 3 --requests 1 --prompt-tokens 64 --max-new 2 --static uniform8 --allow-uncalibrated --json "
+      "2>/dev/null", "", 300);
   ASSERT_EQ(r.code, 0) << r.out;
   const json j = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;

@@ -1,0 +1,48 @@
+// Calibration of the serving testbed: a lone request's measured time against what its parts
+// predict — its bytes at the link rate, its codec stages pipelined per layer, the modelled
+// compute — so a benchmark shows that it measures the system, not itself, before it reports a
+// ratio (docs/SERVING.md, "Calibration").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvserve/serve.h"
+
+namespace kvserve {
+
+// Seconds for n_frames equal frames through three stages (encode, wire, decode) whose totals
+// over all frames are given, each stage taking one frame at a time: the slowest stage's total
+// plus one frame's time in the other two (the pipeline filling and draining).
+double PipelinedSeconds(double encode_s, double wire_s, double decode_s, uint32_t n_frames);
+
+struct StageCheck {
+  std::string stage;  // "queue", "prefill", "transfer", "generate", "other"
+  double measured_s = 0, predicted_s = 0;
+};
+
+struct CalibrationTolerance {
+  double relative = 0.10;   // of the predicted total
+  double absolute_s = 0.050;  // whichever is larger
+};
+
+// One policy's lone request on one link, checked.
+struct LoneRequestCheck {
+  double gbps = 0;
+  std::string policy, strategy;
+  double measured_s = 0, predicted_s = 0;
+  std::vector<StageCheck> stages;
+  bool valid = false;
+  std::string fault;  // the stage furthest from its prediction, when not valid
+};
+
+// Checks a PD request served alone on a link shaped to `gbps`: predicted = prefill of its prompt
+// at the model's rate + its frames pipelined (encode and decode as measured, wire = its bytes at
+// the link rate) + generation of max_new_tokens at the model's rate. The codec stages are taken
+// as measured because their speed is the codec's, not the testbed's; everything else the
+// request spends is overhead the check must expose.
+LoneRequestCheck CheckLoneRequest(const ServeResponse& r, const SyntheticModel& model, double gbps, uint32_t prompt_tokens,
+                                  uint32_t max_new_tokens, const CalibrationTolerance& tolerance = {});
+
+}  // namespace kvserve
