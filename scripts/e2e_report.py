@@ -33,11 +33,26 @@ w(f"{j['kv_shape']}-shaped synthetic KV ({j['kv_bytes_per_token'] // 1024} KiB/t
   "table (static) measured on babyllama105. Plot: [e2e_pd.svg](e2e_pd.svg).\n")
 w("| Gbit/s | policy | kind | mean JCT ms | p50 | p99 | TTFT p99 | SLO | quality | MiB on wire | vs none | capacity req/s (modelled) |")
 w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+def ci(p, key, fmt=".0f"):
+    """A figure with its 95% interval where the result has repeats (older results have none)."""
+    half = p.get("ci95", {}).get(key, 0)
+    return f"{p[key]:{fmt}} ± {half:{fmt}}" if p.get("repeats", 1) > 1 else f"{p[key]:{fmt}}"
+
+
 for p in points:
     n = by[p["gbps"]]["none"]
-    w(f"| {p['gbps']:g} | {p['policy']} | {'measured' if p['measured'] else 'modelled'} | {p['mean_ms']:.0f} | {p['p50_ms']:.0f} | "
-      f"{p['p99_ms']:.0f} | {p['ttft_p99_ms']:.0f} | {100 * p['slo_attainment']:.0f}% | {p['quality']:.4f} | "
-      f"{p['wire_bytes'] / 2**20:.0f} | {n['mean_ms'] / p['mean_ms']:.2f}× | {p['capacity_rps_modelled']:.3g} |")
+    if "vs_none" in p and p.get("repeats", 1) > 1:
+        vs = f"{p['vs_none']['mean']:.2f} ± {p['vs_none']['ci95']:.2f}×"
+    else:
+        vs = f"{n['mean_ms'] / p['mean_ms']:.2f}×"
+    kind = ('measured' if p['measured'] else 'modelled') + ('' if p.get('valid', True) else ', invalid')
+    w(f"| {p['gbps']:g} | {p['policy']} | {kind} | {ci(p, 'mean_ms')} | {ci(p, 'p50_ms')} | "
+      f"{ci(p, 'p99_ms')} | {ci(p, 'ttft_p99_ms')} | {100 * p['slo_attainment']:.0f}% | {p['quality']:.4f} | "
+      f"{p['wire_bytes'] / 2**20:.0f} | {vs} | {p['capacity_rps_modelled']:.3g} |")
+if j.get("repeats", 1) > 1:
+    w(f"\nEach measured point is the mean of {j['repeats']} repeats (fresh nodes, policies in rotating order, the same "
+      "arrivals), ± the half-width of its 95% Student-t interval; ratios are paired by repeat. Link ceiling readings: "
+      + ", ".join(f"{g:.1f}" for g in j.get("link_ceiling_readings_gbps", [])) + " Gbit/s (the lowest decides what is measured).")
 cal = j.get("calibration")
 w("")
 if cal:

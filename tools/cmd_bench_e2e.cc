@@ -16,6 +16,7 @@
 #include "kvserve/file.h"
 #include "kvserve/profile.h"
 #include "kvserve/serve.h"
+#include "kvserve/stats.h"
 
 namespace kvserve::cli {
 namespace {
@@ -29,12 +30,12 @@ struct E2eFlags {
   std::string svg, json_out;
   std::vector<double> bandwidths = {1, 2, 5, 10};
   std::vector<std::string> statics = {"uniform8", "kivi2", "cachegen", "mixhq4"};
-  uint32_t requests = 24, prompt_tokens = 2048, max_new = 16;
+  uint32_t requests = 24, prompt_tokens = 2048, max_new = 16, repeats = 3;
   double load = 0.9, slo_ms = 2000, floor = 0.97, prefill_tps = 0, decode_tps = 0;  // 0: from --kv-shape and --gpu
   int threads = 2;
   uint64_t seed = 1;
   bool quick = false, as_json = false;
-  bool bandwidths_given = false;  // --quick keeps them
+  bool bandwidths_given = false, repeats_given = false;  // --quick keeps them
   bool allow_uncalibrated = false;
   double calibration_tolerance = 0.10;
   double inject_send_delay_ns = 0;  // test seam: per byte sent
@@ -58,17 +59,20 @@ struct Point {
   double mean_ms = 0, p50_ms = 0, p99_ms = 0, ttft_p99_ms = 0, slo_attainment = 0, goodput = 0, quality = 1;
   double wire_bytes = 0, compute_share = 0, capacity_rps = 0;
   bool valid = true;  // its policy's lone request on this link took what its parts predict
+  // Over repeats: the half-widths of the 95% intervals of mean, P50, P99 JCT and P99 TTFT (each
+  // figure above is the mean of the repeats' figures), and none's mean over this one's.
+  uint32_t repeats = 1;
+  double mean_ci = 0, p50_ci = 0, p99_ci = 0, ttft_p99_ci = 0;
+  MeanCi vs_none;
+  std::vector<double> repeat_means;
   uint32_t floor_violations = 0, errors = 0;
   std::map<std::string, uint32_t> choices;
   // --mode pool
   double hit_rate = 0, hit_ttft_mean_ms = 0, hit_ttft_p99_ms = 0, ttft_mean_ms = 0;
 };
 
-double Pct(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
-}
+// One percentile definition for every figure (kvserve/stats.h: linear interpolation).
+double Pct(std::vector<double> v, double q) { return Percentile(std::move(v), q); }
 
 // The answered requests of a point, in order; failed ones are counted in p->errors and said on stderr.
 std::vector<ServeResponse> Answers(std::vector<std::future<Result<ServeResponse>>>& futures, Point* p) {
@@ -180,6 +184,46 @@ Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Pro
   p.compute_share = compute / std::max(1e-12, total);
   return p;
 }
+
+// One point from its repeats: each figure the mean of the repeats' (counts summed), with the 95%
+// intervals of the JCT and TTFT figures.
+Point Aggregate(const std::vector<Point>& reps) {
+  Point a = reps.front();
+  a.repeats = uint32_t(reps.size());
+  std::vector<double> mean, p50, p99, ttft;
+  a.slo_attainment = a.goodput = a.quality = a.wire_bytes = a.compute_share = 0;
+  a.floor_violations = a.errors = 0;
+  a.choices.clear();
+  for (const Point& r : reps) {
+    mean.push_back(r.mean_ms), p50.push_back(r.p50_ms), p99.push_back(r.p99_ms), ttft.push_back(r.ttft_p99_ms);
+    a.slo_attainment += r.slo_attainment / reps.size();
+    a.goodput += r.goodput / reps.size();
+    a.quality += r.quality / reps.size();
+    a.wire_bytes += r.wire_bytes / reps.size();
+    a.compute_share += r.compute_share / reps.size();
+    a.floor_violations += r.floor_violations;
+    a.errors += r.errors;
+    for (const auto& [k, v] : r.choices) a.choices[k] += v;
+  }
+  const MeanCi m = MeanCi95(mean), q50 = MeanCi95(p50), q99 = MeanCi95(p99), t99 = MeanCi95(ttft);
+  a.mean_ms = m.mean, a.mean_ci = m.half_width;
+  a.p50_ms = q50.mean, a.p50_ci = q50.half_width;
+  a.p99_ms = q99.mean, a.p99_ci = q99.half_width;
+  a.ttft_p99_ms = t99.mean, a.ttft_p99_ci = t99.half_width;
+  a.repeat_means = mean;
+  return a;
+}
+
+// Per-repeat ratios of two points' mean JCTs (num / den), paired by repeat: their mean and 95%
+// interval.
+MeanCi RatioOfMeans(const Point& num, const Point& den) {
+  std::vector<double> r;
+  for (size_t i = 0; i < std::min(num.repeat_means.size(), den.repeat_means.size()); ++i)
+    if (den.repeat_means[i] > 0) r.push_back(num.repeat_means[i] / den.repeat_means[i]);
+  return MeanCi95(r);
+}
+
+json CiJson(const MeanCi& m) { return {{"mean", m.mean}, {"ci95", m.half_width}, {"n", m.n}}; }
 
 // Calibration: each policy's request alone on a measured link, against what its parts predict
 // (kvserve/calibration.h). Points of a policy whose lone request is off are marked invalid.
@@ -369,7 +413,9 @@ json PointJson(const Point& p) {
           {"p50_ms", p.p50_ms}, {"p99_ms", p.p99_ms}, {"ttft_p99_ms", p.ttft_p99_ms},
           {"slo_attainment", p.slo_attainment}, {"goodput_rps", p.goodput}, {"wire_bytes", p.wire_bytes},
           {"quality", p.quality}, {"floor_violations", p.floor_violations}, {"errors", p.errors},
-          {"compute_share", p.compute_share}, {"choices", p.choices}, {"valid", p.valid}};
+          {"compute_share", p.compute_share}, {"choices", p.choices}, {"valid", p.valid}, {"repeats", p.repeats},
+          {"ci95", {{"mean_ms", p.mean_ci}, {"p50_ms", p.p50_ci}, {"p99_ms", p.p99_ci}, {"ttft_p99_ms", p.ttft_p99_ci}}},
+          {"repeat_mean_ms", p.repeat_means}};
 }
 
 Status WriteText(const std::string& path, const std::string& text) {
@@ -423,6 +469,7 @@ Status RunE2e(E2eFlags f) {
   }
   if (f.quick) {
     if (!f.bandwidths_given) f.bandwidths = {1, 10};
+    if (!f.repeats_given) f.repeats = 1;
     f.requests = std::min<uint32_t>(f.requests, 6), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
   }
   KV_ASSIGN_OR_RETURN(SyntheticModel sm, ModelOf(f));
@@ -442,10 +489,17 @@ Status RunE2e(E2eFlags f) {
   for (uint32_t n : prompts) mean_tokens += n;
   mean_tokens /= prompts.size();
   // The link ceiling of this machine, measured now with the same transport.
+  // Read three times: one reading on a noisy machine decided measured or modelled by chance;
+  // the lowest is the ceiling, the spread is reported.
   const std::unique_ptr<Transport> probe = MakeTcpTransport();
-  KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(probe.get(), "", 128));
-  const double ceiling = link.gbps;
+  std::vector<double> readings;
+  for (int i = 0; i < 3; ++i) {
+    KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(probe.get(), "", 128));
+    readings.push_back(link.gbps);
+  }
+  const double ceiling = *std::min_element(readings.begin(), readings.end());
   std::vector<Point> points;
+  json ratios = json::array();
   json pipelining;
   // The instrument first: every policy alone on every measured link.
   std::vector<LoneRequestCheck> checks;
@@ -472,16 +526,47 @@ Status RunE2e(E2eFlags f) {
       if (rate > 0) t += gap(rng);
     }
     const bool measured = gbps <= 0.9 * ceiling;
-    for (const Policy& pol : policies) {
-      if (StderrIsTerminal() || !f.as_json) {
-        std::fprintf(stderr, "bench e2e: %s at %g Gbit/s (%s)...\n", pol.name.c_str(), gbps, measured ? "measured" : "modelled");
+    // Repeats with fresh nodes, the policies in a rotating order, so a slow spell of the machine
+    // falls on each policy in turn; the same arrivals for every repeat and policy (paired). The
+    // simulator's modelled points are deterministic: run once.
+    const uint32_t repeats = measured ? f.repeats : 1;
+    std::map<std::string, std::vector<Point>> reps;
+    for (uint32_t r = 0; r < repeats; ++r) {
+      for (size_t k = 0; k < policies.size(); ++k) {
+        const Policy& pol = policies[(k + r) % policies.size()];
+        if (StderrIsTerminal() || !f.as_json) {
+          std::fprintf(stderr, "bench e2e: %s at %g Gbit/s (%s, repeat %u of %u)...\n", pol.name.c_str(), gbps,
+                       measured ? "measured" : "modelled", r + 1, repeats);
+        }
+        auto p = measured ? RunMeasured(f, sm, profile, pol, gbps, prompts, arrivals)
+                          : RunModelled(f, sm, profile, pol, gbps, prompts, arrivals);
+        KV_RETURN_IF_ERROR(p.status());
+        reps[pol.name].push_back(std::move(p).value());
       }
-      auto p = measured ? RunMeasured(f, sm, profile, pol, gbps, prompts, arrivals)
-                        : RunModelled(f, sm, profile, pol, gbps, prompts, arrivals);
-      KV_RETURN_IF_ERROR(p.status());
-      KV_ASSIGN_OR_RETURN(p->capacity_rps, ModelledCapacity(f, sm, profile, pol, gbps, uint32_t(std::lround(mean_tokens))));
-      p->valid = calibrated(gbps, pol.name);
-      points.push_back(std::move(p).value());
+    }
+    const size_t first = points.size();
+    for (const Policy& pol : policies) {
+      Point p = Aggregate(reps[pol.name]);
+      KV_ASSIGN_OR_RETURN(p.capacity_rps, ModelledCapacity(f, sm, profile, pol, gbps, uint32_t(std::lround(mean_tokens))));
+      p.valid = calibrated(gbps, pol.name);
+      points.push_back(std::move(p));
+    }
+    // Ratios at this bandwidth, paired by repeat: none over each policy, and the best static
+    // (lowest mean JCT) over adaptive.
+    const Point* none = nullptr;
+    const Point* adaptive = nullptr;
+    const Point* best = nullptr;
+    for (size_t i = first; i < points.size(); ++i) {
+      const Point& p = points[i];
+      if (p.policy == "none") none = &p;
+      if (p.policy == "adaptive") adaptive = &p;
+      if (p.policy.rfind("static:", 0) == 0 && (best == nullptr || p.mean_ms < best->mean_ms)) best = &p;
+    }
+    for (size_t i = first; none && i < points.size(); ++i) points[i].vs_none = RatioOfMeans(*none, points[i]);
+    if (none && adaptive) {
+      json r = {{"gbps", gbps}, {"measured", measured}, {"none_over_adaptive", CiJson(RatioOfMeans(*none, *adaptive))}};
+      if (best) r["best_static"] = best->policy, r["best_static_over_adaptive"] = CiJson(RatioOfMeans(*best, *adaptive));
+      ratios.push_back(r);
     }
     if (measured && pipelining.is_null()) {
       // One request alone on this link with a compressing strategy: are the three stages overlapped?
@@ -505,9 +590,16 @@ Status RunE2e(E2eFlags f) {
   for (const Point& p : points) {
     json j = PointJson(p);
     j["capacity_rps_modelled"] = p.capacity_rps;
+    j["vs_none"] = CiJson(p.vs_none);
     pts.push_back(std::move(j));
   }
   out["points"] = pts;
+  out["ratios"] = ratios;
+  out["repeats"] = f.repeats;
+  out["link_ceiling_readings_gbps"] = readings;
+  out["statistics"] = "each measured point: the mean of its repeats' figures (fresh nodes, policies in rotating order, the "
+                      "same arrivals), ci95 = half-width of the 95% Student-t interval; percentiles by linear interpolation; "
+                      "ratios paired by repeat";
   json cal = json::array();
   size_t off = 0;
   for (const LoneRequestCheck& c : checks) cal.push_back(CalibrationJson(c)), off += !c.valid;
@@ -541,16 +633,16 @@ Status RunE2e(E2eFlags f) {
                 c.predicted_s * 1e3, c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0.0, c.valid ? "" : "  OFF: ",
                 c.valid ? "" : c.fault.c_str());
   }
-  std::printf("PD end to end: %s KV (%.0f KiB/token), %u requests of %.0f prompt tokens, load %.2f, %s arrivals; link ceiling %.1f Gbit/s\n",
-              sm.name.c_str(), sm.kv_bytes_per_token() / 1024.0, f.requests, mean_tokens, f.load, f.arrival.c_str(), ceiling);
-  std::printf("%7s %-18s %9s %9s %9s %10s %6s %8s %7s %8s %s\n", "Gbit/s", "policy", "mean ms", "p50 ms", "p99 ms", "TTFT p99", "SLO",
-              "quality", "kind", "vs none", "capacity rps (modelled)");
-  double none_ms = 0;
+  std::printf("PD end to end: %s KV (%.0f KiB/token), %u requests of %.0f prompt tokens, load %.2f, %s arrivals\n", sm.name.c_str(),
+              sm.kv_bytes_per_token() / 1024.0, f.requests, mean_tokens, f.load, f.arrival.c_str());
+  std::printf("link ceiling %.1f Gbit/s (lowest of %zu readings, %.1f to %.1f); %u repeats per measured point, mean ± 95%% CI\n",
+              ceiling, readings.size(), ceiling, *std::max_element(readings.begin(), readings.end()), f.repeats);
+  std::printf("%7s %-18s %17s %9s %9s %10s %6s %8s %7s %14s %s\n", "Gbit/s", "policy", "mean ms", "p50 ms", "p99 ms", "TTFT p99",
+              "SLO", "quality", "kind", "vs none", "capacity rps (modelled)");
   for (const Point& p : points) {
-    if (p.policy == "none") none_ms = p.mean_ms;
-    std::printf("%7g %-18s %9.1f %9.1f %9.1f %10.1f %5.0f%% %8.4f %7s %7.2fx %8.2f\n", p.gbps, p.policy.c_str(), p.mean_ms, p.p50_ms,
-                p.p99_ms, p.ttft_p99_ms, 100 * p.slo_attainment, p.quality, p.measured ? "meas." : "model", none_ms / p.mean_ms,
-                p.capacity_rps);
+    std::printf("%7g %-18s %9.1f ±%6.1f %9.1f %9.1f %10.1f %5.0f%% %8.4f %7s %6.2fx ±%5.2f %8.2f%s\n", p.gbps, p.policy.c_str(),
+                p.mean_ms, p.mean_ci, p.p50_ms, p.p99_ms, p.ttft_p99_ms, 100 * p.slo_attainment, p.quality,
+                p.measured ? "meas." : "model", p.vs_none.mean, p.vs_none.half_width, p.capacity_rps, p.valid ? "" : "  (invalid)");
   }
   if (!pipelining.is_null()) {
     std::printf("pipelining at %g Gbit/s (%s): encode %.1f + wire %.1f + decode %.1f = %.1f ms; slowest %.1f; observed %.1f ms\n",
@@ -755,6 +847,8 @@ void AddBenchE2eCommand(CLI::App& bench) {
   auto* bandwidths =
       c->add_option("--bandwidths", f->bandwidths, "link rates in Gbit/s")->delimiter(',')->capture_default_str()->check(InRange(1e-3, 1e4));
   c->add_option("--requests", f->requests, "requests per point")->capture_default_str()->check(InRange(1, 10000));
+  auto* repeats = c->add_option("--repeats", f->repeats, "runs of each measured point (fresh nodes, policies rotating), for 95% intervals")
+      ->capture_default_str()->check(InRange(1, 100));
   c->add_option("--prompt-tokens", f->prompt_tokens, "prompt length (without --workload); pool: the shared prefix")->capture_default_str()->check(InRange(1, 1 << 17));
   c->add_option("--workload", f->workload, "workload CSV whose prompt lengths are used in turn");
   c->add_option("--max-new", f->max_new, "generated tokens per request")->capture_default_str()->check(InRange(1, 1 << 16));
@@ -776,7 +870,9 @@ void AddBenchE2eCommand(CLI::App& bench) {
   c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
   c->add_option("--seed", f->seed, "arrival seed")->capture_default_str();
   c->add_option("--svg", f->svg, "also write JCT vs bandwidth per policy (SVG)")->check(OutputPath());
-  c->add_flag("--quick", f->quick, "6 requests of at most 1024 tokens (8 in pool mode), and two bandwidths unless --bandwidths says (about a minute)");
+  c->add_flag("--quick", f->quick,
+              "6 requests of at most 1024 tokens (8 in pool mode), one repeat and two bandwidths unless --repeats and "
+              "--bandwidths say (about a minute)");
   c->add_flag("--json", f->as_json, "machine-readable output");
   c->add_flag("--allow-uncalibrated", f->allow_uncalibrated,
               "exit 0 even when a policy's lone request is off its prediction (its points still say \"valid\": false)");
@@ -788,6 +884,7 @@ void AddBenchE2eCommand(CLI::App& bench) {
       ->capture_default_str()->check(InRange(0, 1e6));
   SetAction(c, [=]() {
     f->bandwidths_given = bandwidths->count() > 0;
+    f->repeats_given = repeats->count() > 0;
     return RunE2e(*f);
   });
 }

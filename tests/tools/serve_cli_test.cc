@@ -271,8 +271,8 @@ namespace {
 // (modelled, and labelled so), every policy, the JSON the issue names.
 TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
   auto r = kvserve::testing::Cli(
-      "bench e2e --bandwidths 2,5000 --requests 3 --prompt-tokens 128 --max-new 2 --static uniform8,kivi2 --allow-uncalibrated "
-      "--json 2>/dev/null", "",
+      "bench e2e --bandwidths 2,5000 --requests 3 --repeats 2 --prompt-tokens 128 --max-new 2 --static uniform8,kivi2 "
+      "--allow-uncalibrated --json 2>/dev/null", "",
       300);
   ASSERT_EQ(r.code, 0) << r.out;
   const json j = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
@@ -292,6 +292,22 @@ TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
   }
   EXPECT_EQ(policies, (std::set<std::string>{"none", "adaptive", "static:uniform8", "static:kivi2"}));
   for (const char* k : {"sum_ms", "max_ms", "observed_ms"}) EXPECT_GT(j["pipelining"][k].get<double>(), 0) << k;
+  // Repeats: measured points twice (with intervals), modelled ones once; ratios paired by repeat;
+  // the link ceiling read three times, the lowest deciding.
+  EXPECT_EQ(j["repeats"], 2);
+  for (const json& p : j["points"]) {
+    EXPECT_EQ(p["repeats"], p["measured"].get<bool>() ? 2 : 1) << p.dump();
+    EXPECT_EQ(p["repeat_mean_ms"].size(), p["repeats"].get<size_t>()) << p.dump();
+    for (const char* k : {"mean_ms", "p50_ms", "p99_ms", "ttft_p99_ms"}) EXPECT_GE(p["ci95"][k].get<double>(), 0) << k;
+    EXPECT_TRUE(p.contains("vs_none") && p.contains("valid")) << p.dump();
+  }
+  ASSERT_EQ(j["ratios"].size(), 2u);
+  EXPECT_EQ(j["ratios"][0]["none_over_adaptive"]["n"], 2);
+  EXPECT_TRUE(j["ratios"][0].contains("best_static_over_adaptive"));
+  ASSERT_EQ(j["link_ceiling_readings_gbps"].size(), 3u);
+  double lowest = 1e30;
+  for (const json& g : j["link_ceiling_readings_gbps"]) lowest = std::min(lowest, g.get<double>());
+  EXPECT_EQ(j["link_ceiling_gbps"].get<double>(), lowest);
 }
 
 // Production shapes as processes: a prefill and a decode node of the llama3-8b stand-in (synthetic
