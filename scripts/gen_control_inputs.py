@@ -67,3 +67,16 @@ with open(os.path.join(workloads, "long_prompt.csv"), "w") as f:
     f.write("# 64 requests, Poisson 0.5/s; prompts of 2k-8k tokens (long-context summarisation), floor 0.97\n")
     f.write("arrival_s,prompt_tokens,label,slo_ms,floor\n")
     f.write("\n".join(lines) + "\n")
+
+# Very long prompts (retrieval over documents, agents' accumulated context): 4k-16k tokens,
+# short outputs, where disaggregated serving spends most on moving KV. Same conventions.
+rng = random.Random(16)
+lines, t = [], 0.0
+for i in range(64):
+    t += rng.expovariate(0.25)
+    tokens = rng.choice([4096, 6144, 8192, 12288, 16384])
+    lines.append(f"{t:.3f},{tokens},retrieval,{tokens / 20.0 + 3000:.0f},0.99")
+with open(os.path.join(workloads, "very_long_prompt.csv"), "w") as f:
+    f.write("# 64 requests, Poisson 0.25/s; prompts of 4k-16k tokens (retrieval over long documents), floor 0.99\n")
+    f.write("arrival_s,prompt_tokens,label,slo_ms,floor\n")
+    f.write("\n".join(lines) + "\n")

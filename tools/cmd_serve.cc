@@ -122,7 +122,8 @@ struct NodeModelFlags {
     }
     c->add_option("--kv-shape", kv_shape,
                   "serve the synthetic stand-in of a production shape instead of -m (" + Names(SyntheticShapeNames()) + ")")
-        ->check(CLI::IsMember(SyntheticShapeNames()));
+        ->check(CLI::IsMember(SyntheticShapeNames()))
+        ->excludes(c->get_option("--model"));
     c->add_option("--gpu", gpu, "GPU preset of --kv-shape's compute model (" + Names(GpuPresetNames()) + ")")
         ->capture_default_str()->check(CLI::IsMember(GpuPresetNames()));
   }

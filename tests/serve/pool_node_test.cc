@@ -205,14 +205,28 @@ TEST(PoolNode, CorruptValuesAreDeletedAndRecomputedAndEvictionsMidFetchRecompute
   EXPECT_EQ(e->tokens, local);
 }
 
+// An uncompressed stories260K pool node over a redis-server of its own, and the story request
+// with its local tokens, served once (stored).
+struct RedisStoriesNode {
+  RedisStoriesNode()
+      : pool(MakeRedisPool(testing::TestPoolOptions(server.address())).value()), node(Node(Stories(), pool.get(), "none")),
+        req(Req(Stories(), kStory, 16)), local(Local(Stories(), req)) {
+    EXPECT_TRUE(node->Serve(req).ok());
+  }
+  testing::RedisServer server;
+  std::unique_ptr<KvPool> pool;
+  std::unique_ptr<PoolNode> node;
+  ServeRequest req;
+  std::vector<int> local;
+};
+
 TEST(PoolNode, RedisStoppedMidRunFallsBackToRecomputeAndReconnects) {
   ASSERT_TRUE(testing::HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
-  testing::RedisServer server;
-  auto pool = MakeRedisPool(testing::TestPoolOptions(server.address())).value();
-  auto node = Node(Stories(), pool.get(), "none");
-  const ServeRequest req = Req(Stories(), kStory, 16);
-  const std::vector<int> local = Local(Stories(), req);
-  ASSERT_TRUE(node->Serve(req).ok());
+  RedisStoriesNode bed;
+  testing::RedisServer& server = bed.server;
+  PoolNode* node = bed.node.get();
+  const ServeRequest& req = bed.req;
+  const std::vector<int>& local = bed.local;
   ASSERT_EQ(node->Serve(req)->pool_action, "fetch");
   server.Stop();
   auto down = node->Serve(req);
@@ -289,12 +303,11 @@ TEST(PoolNode, AValueMovedUnderAnotherPromptsKeyIsAMissNeverItsTokens) {
 // the request recomputes: the node neither aborts nor balloons, and is right after each.
 TEST(PoolNode, ForgedPartHeadersInRedisAreDeletedNotAllocated) {
   ASSERT_TRUE(testing::HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
-  testing::RedisServer server;
-  auto pool = MakeRedisPool(testing::TestPoolOptions(server.address())).value();
-  auto node = Node(Stories(), pool.get(), "none");
-  const ServeRequest req = Req(Stories(), kStory, 16);
-  const std::vector<int> local = Local(Stories(), req);
-  ASSERT_TRUE(node->Serve(req).ok());
+  RedisStoriesNode bed;
+  testing::RedisServer& server = bed.server;
+  PoolNode* node = bed.node.get();
+  const ServeRequest& req = bed.req;
+  const std::vector<int>& local = bed.local;
   const std::string key0 = UncompressedChunkKey(req, 0);
   auto header = [](uint32_t n_parts, uint64_t total) {
     std::string h = "KVSP";
