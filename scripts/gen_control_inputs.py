@@ -55,28 +55,27 @@ with open(os.path.join(workloads, "mixed.csv"), "w") as f:
     f.write("arrival_s,prompt_tokens,label,slo_ms,floor\n")
     f.write("\n".join(lines) + "\n")
 
+
+def long_workload(name, seed, rate, sizes, label, slo_extra_ms, floor, header):
+    """64 requests of a few long prompt sizes, Poisson at `rate`, short outputs; SLO = prefill at
+    20k tokens/s plus a fixed transfer budget."""
+    rng = random.Random(seed)
+    lines, t = [], 0.0
+    for i in range(64):
+        t += rng.expovariate(rate)
+        tokens = rng.choice(sizes)
+        lines.append(f"{t:.3f},{tokens},{label},{tokens / 20.0 + slo_extra_ms:.0f},{floor}")
+    with open(os.path.join(workloads, name), "w") as f:
+        f.write(header + "\n")
+        f.write("arrival_s,prompt_tokens,label,slo_ms,floor\n")
+        f.write("\n".join(lines) + "\n")
+
+
 # Long prompts for the end-to-end benchmark (bench e2e --workload): 2k-8k tokens, short outputs;
 # the arrival times here are for the simulator, bench e2e draws its own at the offered load.
-rng = random.Random(8)
-lines, t = [], 0.0
-for i in range(64):
-    t += rng.expovariate(0.5)
-    tokens = rng.choice([2048, 3072, 4096, 6144, 8192])
-    lines.append(f"{t:.3f},{tokens},summarize,{tokens / 20.0 + 2000:.0f},0.97")
-with open(os.path.join(workloads, "long_prompt.csv"), "w") as f:
-    f.write("# 64 requests, Poisson 0.5/s; prompts of 2k-8k tokens (long-context summarisation), floor 0.97\n")
-    f.write("arrival_s,prompt_tokens,label,slo_ms,floor\n")
-    f.write("\n".join(lines) + "\n")
-
+long_workload("long_prompt.csv", 8, 0.5, [2048, 3072, 4096, 6144, 8192], "summarize", 2000, 0.97,
+              "# 64 requests, Poisson 0.5/s; prompts of 2k-8k tokens (long-context summarisation), floor 0.97")
 # Very long prompts (retrieval over documents, agents' accumulated context): 4k-16k tokens,
 # short outputs, where disaggregated serving spends most on moving KV. Same conventions.
-rng = random.Random(16)
-lines, t = [], 0.0
-for i in range(64):
-    t += rng.expovariate(0.25)
-    tokens = rng.choice([4096, 6144, 8192, 12288, 16384])
-    lines.append(f"{t:.3f},{tokens},retrieval,{tokens / 20.0 + 3000:.0f},0.99")
-with open(os.path.join(workloads, "very_long_prompt.csv"), "w") as f:
-    f.write("# 64 requests, Poisson 0.25/s; prompts of 4k-16k tokens (retrieval over long documents), floor 0.99\n")
-    f.write("arrival_s,prompt_tokens,label,slo_ms,floor\n")
-    f.write("\n".join(lines) + "\n")
+long_workload("very_long_prompt.csv", 16, 0.25, [4096, 6144, 8192, 12288, 16384], "retrieval", 3000, 0.99,
+              "# 64 requests, Poisson 0.25/s; prompts of 4k-16k tokens (retrieval over long documents), floor 0.99")
