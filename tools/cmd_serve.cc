@@ -376,12 +376,17 @@ Status RunRouter(const std::string& listen, const std::vector<std::string>& peer
     ReplyError(res, last);
   });
   svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content("# TYPE kvserve_router_requests_total counter\nkvserve_router_requests_total{node=\"router\"} " +
-                        std::to_string(routed_count.load()) +
-                        "\n# TYPE kvserve_router_errors_total counter\nkvserve_router_errors_total{node=\"router\"} " +
-                        std::to_string(failed.load()) + "\n",
-                    "text/plain; version=0.0.4");
+    std::string m;
+    auto counter = [&](const char* name, const char* help, uint64_t v) {
+      m += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + "{node=\"router\"} " +
+           std::to_string(v) + "\n";
+    };
+    counter("kvserve_router_requests_total", "requests answered by a prefill node", routed_count.load());
+    counter("kvserve_router_errors_total", "requests no prefill node answered", failed.load());
+    res.set_content(m, "text/plain; version=0.0.4");
   });
+  // Ready once listening: the router holds no model.
+  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
   return ServeHttpUntilSignal(svr, listen, "router");
 }
 

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -231,6 +232,26 @@ TEST(ServeCli, HostileBodiesAreRefusedWithTheReasonAndServiceGoesOn) {
   }
   Reply ok = Post(router.address(), json{{"prompt", "Once upon a time"}, {"max_new_tokens", 4}}.dump());
   EXPECT_EQ(ok.status, 200) << ok.body.dump();
+  // Every series the router and the prefill node export has its HELP and TYPE lines (what
+  // Prometheus' promtool checks), and the router answers /health.
+  for (const std::string& target : {router.address(), prefill.address()}) {
+    httplib::Client cli("http://" + target);
+    auto m = cli.Get("/metrics");
+    ASSERT_TRUE(m) << target;
+    std::set<std::string> helped, typed;
+    std::istringstream lines(m->body);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("# HELP ", 0) == 0) helped.insert(line.substr(7, line.find(' ', 7) - 7));
+      else if (line.rfind("# TYPE ", 0) == 0) typed.insert(line.substr(7, line.find(' ', 7) - 7));
+      else if (!line.empty()) {
+        const std::string name = line.substr(0, line.find_first_of("{ "));
+        EXPECT_TRUE(helped.count(name) && typed.count(name)) << target << ": " << name << " has no HELP or TYPE";
+      }
+    }
+    auto h = cli.Get("/health");
+    ASSERT_TRUE(h) << target;
+    EXPECT_EQ(h->status, 200) << target;
+  }
 }
 
 // Out of descriptors (nofile 48, 70 idle connections): the decode node's accept loop backs off
