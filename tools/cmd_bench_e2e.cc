@@ -440,7 +440,11 @@ json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, cons
           {"arrival", f.arrival},
           {"slo_ms", f.slo_ms},
           {"floor", f.floor},
-          {"codec_threads", f.threads}};
+          {"codec_threads", f.threads},
+          {"codec", {{"runs_on", "host CPU"},
+                     {"threads_per_node", f.threads},
+                     {"cores_on_machine", std::thread::hardware_concurrency()},
+                     {"nodes", "one process: prefill and decode nodes share these cores"}}}};
 }
 
 std::string JoinNames(const std::vector<std::string>& names) {

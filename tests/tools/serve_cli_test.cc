@@ -316,6 +316,8 @@ TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
   // Repeats: measured points twice (with intervals), modelled ones once; ratios paired by repeat;
   // the link ceiling read three times, the lowest deciding.
   EXPECT_EQ(j["repeats"], 2);
+  EXPECT_EQ(j["codec"]["runs_on"], "host CPU");
+  EXPECT_GT(j["codec"]["cores_on_machine"].get<int>(), 0);
   for (const json& p : j["points"]) {
     EXPECT_EQ(p["repeats"], p["measured"].get<bool>() ? 2 : 1) << p.dump();
     EXPECT_EQ(p["repeat_mean_ms"].size(), p["repeats"].get<size_t>()) << p.dump();
