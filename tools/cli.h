@@ -41,7 +41,9 @@ CLI::Validator InRange(double lo, double hi);
 CLI::Validator OutputPath();
 
 double NowSeconds();
-double Median(std::vector<double> v);
+double Median(std::vector<double> v);  // kvserve/stats.h's Percentile at 0.5
+// "a | b | c" for help texts.
+std::string JoinNames(const std::vector<std::string>& names, const std::string& separator = " | ");
 bool StderrIsTerminal();
 
 // A single self-overwriting status line on stderr, shown only on a terminal.

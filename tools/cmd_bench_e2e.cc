@@ -71,9 +71,6 @@ struct Point {
   double hit_rate = 0, hit_ttft_mean_ms = 0, hit_ttft_p99_ms = 0, ttft_mean_ms = 0;
 };
 
-// One percentile definition for every figure (kvserve/stats.h: linear interpolation).
-double Pct(std::vector<double> v, double q) { return Percentile(std::move(v), q); }
-
 // The answered requests of a point, in order; failed ones are counted in p->errors and said on stderr.
 std::vector<ServeResponse> Answers(std::vector<std::future<Result<ServeResponse>>>& futures, Point* p) {
   std::vector<ServeResponse> out;
@@ -113,17 +110,32 @@ struct Testbed {
     KV_ASSIGN_OR_RETURN(t->prefill, PrefillNode::Create(t->transport.get(), o));
     return t;
   }
+  // The testbed of a policy: the profile's controller for adaptive, else its fixed strategy.
+  static Result<std::unique_ptr<Testbed>> For(const E2eFlags& f, const SyntheticModel& sm, double gbps, const Profile& profile,
+                                              const Policy& pol) {
+    return Start(f, sm, gbps, pol.spec.empty() ? &profile : nullptr, pol.spec.empty() ? "none" : pol.spec);
+  }
   LinkShaper shaper;
   std::unique_ptr<Transport> transport;
   std::unique_ptr<DecodeNode> decode;
   std::unique_ptr<PrefillNode> prefill;
 };
 
+// The driver's request `id`: a prompt of n_token tokens and the flags' generation, SLO and floor.
+ServeRequest DriverRequest(const E2eFlags& f, uint64_t id, uint32_t n_token) {
+  ServeRequest r;
+  r.id = id;
+  r.prompt.assign(n_token, 1);
+  r.max_new_tokens = f.max_new;
+  r.slo_ms = f.slo_ms;
+  r.floor = f.floor;
+  return r;
+}
+
 // Measured: every request through the real nodes, on a link shaped to `gbps` in process.
 Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
                           const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::Start(f, sm, gbps, pol.spec.empty() ? &profile : nullptr,
-                                                                   pol.spec.empty() ? "none" : pol.spec));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::For(f, sm, gbps, profile, pol));
   PrefillNode* prefill = bed->prefill.get();
   std::map<std::string, double> quality_of;
   for (const ProfileEntry& e : profile.pareto) quality_of[e.spec] = e.quality;
@@ -133,13 +145,7 @@ Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Pro
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
     futures.push_back(std::async(std::launch::async, [&, i] {
-      ServeRequest r;
-      r.id = i + 1;
-      r.prompt.assign(prompts[i], 1);
-      r.max_new_tokens = f.max_new;
-      r.slo_ms = f.slo_ms;
-      r.floor = f.floor;
-      auto out = prefill->Serve(r);
+      auto out = prefill->Serve(DriverRequest(f, i + 1, prompts[i]));
       if (out.ok()) {
         // JCT from the scheduled arrival (the driver may start a thread a little late).
         const double done = std::chrono::duration<double>(Clock::now() - start).count();
@@ -174,9 +180,9 @@ Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Pro
   double sum = 0;
   for (double v : jct) sum += v;
   p.mean_ms = sum / jct.size();
-  p.p50_ms = Pct(jct, 0.5);
-  p.p99_ms = Pct(jct, 0.99);
-  p.ttft_p99_ms = Pct(ttft, 0.99);
+  p.p50_ms = Percentile(jct, 0.5);
+  p.p99_ms = Percentile(jct, 0.99);
+  p.ttft_p99_ms = Percentile(ttft, 0.99);
   p.slo_attainment = double(ok_slo) / prompts.size();
   const double span = arrivals.back() + p.mean_ms / 1e3;
   p.goodput = ok_slo / std::max(1e-9, span);
@@ -229,16 +235,9 @@ json CiJson(const MeanCi& m) { return {{"mean", m.mean}, {"ci95", m.half_width},
 // (kvserve/calibration.h). Points of a policy whose lone request is off are marked invalid.
 Result<LoneRequestCheck> Calibrate(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol,
                                    double gbps, uint32_t prompt_tokens) {
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::Start(f, sm, gbps, pol.spec.empty() ? &profile : nullptr,
-                                                                   pol.spec.empty() ? "none" : pol.spec));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::For(f, sm, gbps, profile, pol));
   KV_RETURN_IF_ERROR(bed->prefill->Prepare(prompt_tokens));
-  ServeRequest r;
-  r.id = 1;
-  r.prompt.assign(prompt_tokens, 1);
-  r.max_new_tokens = f.max_new;
-  r.slo_ms = f.slo_ms;
-  r.floor = f.floor;
-  KV_ASSIGN_OR_RETURN(ServeResponse out, bed->prefill->Serve(r));
+  KV_ASSIGN_OR_RETURN(ServeResponse out, bed->prefill->Serve(DriverRequest(f, 1, prompt_tokens)));
   LoneRequestCheck c = CheckLoneRequest(out, sm, gbps, prompt_tokens, f.max_new, {.relative = f.calibration_tolerance});
   c.policy = pol.name;
   return c;
@@ -319,8 +318,8 @@ Result<Point> RunModelled(const E2eFlags& f, const SyntheticModel& sm, const Pro
   double sum = 0;
   for (double v : jct) sum += v;
   p.mean_ms = sum / jct.size();
-  p.p50_ms = Pct(jct, 0.5);
-  p.p99_ms = Pct(jct, 0.99);
+  p.p50_ms = Percentile(jct, 0.5);
+  p.p99_ms = Percentile(jct, 0.99);
   p.ttft_p99_ms = rep.p99_ms;
   uint32_t ok = 0;
   for (double v : rep.latencies_ms) ok += v <= f.slo_ms;
@@ -445,12 +444,6 @@ json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, cons
                      {"threads_per_node", f.threads},
                      {"cores_on_machine", std::thread::hardware_concurrency()},
                      {"nodes", "one process: prefill and decode nodes share these cores"}}}};
-}
-
-std::string JoinNames(const std::vector<std::string>& names) {
-  std::string s;
-  for (const std::string& n : names) s += (s.empty() ? "" : " | ") + n;
-  return s;
 }
 
 // What the transport carries over loopback on this machine, read three times: one reading on a
@@ -780,12 +773,12 @@ Status RunPoolMode(const E2eFlags& f) {
         return v.empty() ? 0.0 : s / v.size();
       };
       p.mean_ms = mean(jct);
-      p.p50_ms = Pct(jct, 0.5);
-      p.p99_ms = Pct(jct, 0.99);
+      p.p50_ms = Percentile(jct, 0.5);
+      p.p99_ms = Percentile(jct, 0.99);
       p.ttft_mean_ms = mean(ttft);
-      p.ttft_p99_ms = Pct(ttft, 0.99);
+      p.ttft_p99_ms = Percentile(ttft, 0.99);
       p.hit_ttft_mean_ms = mean(hit_ttft);
-      p.hit_ttft_p99_ms = Pct(hit_ttft, 0.99);
+      p.hit_ttft_p99_ms = Percentile(hit_ttft, 0.99);
       p.hit_rate = double(hit_ttft.size()) / jct.size();
       p.slo_attainment = double(ok_slo) / f.requests;
       p.goodput = ok_slo / std::max(1e-9, arrivals.back() + p.mean_ms / 1e3);

@@ -16,6 +16,7 @@
 #include "kvserve/profile.h"
 #include "kvserve/serve.h"
 #include "model_flags.h"
+#include "serve/wire.h"
 
 namespace kvserve::cli {
 namespace {
@@ -80,9 +81,7 @@ int HttpStatusFor(const Status& st) {
   }
 }
 
-// JSON text that never throws: bytes that are not UTF-8 (echoed from a request, or a model's
-// byte tokens cut mid-character) become U+FFFD.
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+using serve_internal::Dump;  // JSON text that never throws on bytes that are not UTF-8
 
 void ReplyError(httplib::Response& res, const Status& st) {
   res.status = HttpStatusFor(st);
@@ -121,16 +120,11 @@ struct NodeModelFlags {
           ->delimiter(',')->check(InRange(1, 1 << 17));
     }
     c->add_option("--kv-shape", kv_shape,
-                  "serve the synthetic stand-in of a production shape instead of -m (" + Names(SyntheticShapeNames()) + ")")
+                  "serve the synthetic stand-in of a production shape instead of -m (" + JoinNames(SyntheticShapeNames()) + ")")
         ->check(CLI::IsMember(SyntheticShapeNames()))
         ->excludes(c->get_option("--model"));
-    c->add_option("--gpu", gpu, "GPU preset of --kv-shape's compute model (" + Names(GpuPresetNames()) + ")")
+    c->add_option("--gpu", gpu, "GPU preset of --kv-shape's compute model (" + JoinNames(GpuPresetNames()) + ")")
         ->capture_default_str()->check(CLI::IsMember(GpuPresetNames()));
-  }
-  static std::string Names(const std::vector<std::string>& v) {
-    std::string s;
-    for (const std::string& n : v) s += (s.empty() ? "" : ", ") + n;
-    return s;
   }
 };
 

@@ -12,6 +12,7 @@
 #include <new>
 
 #include "cli.h"
+#include "kvserve/stats.h"
 #include "kvserve/calib.h"
 #include "kvserve/cpu.h"
 #include "kvserve/file.h"
@@ -146,11 +147,12 @@ double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+double Median(std::vector<double> v) { return Percentile(std::move(v), 0.5); }
+
+std::string JoinNames(const std::vector<std::string>& names, const std::string& separator) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : separator) + n;
+  return s;
 }
 
 bool StderrIsTerminal() { return ::isatty(2) != 0; }

@@ -157,6 +157,10 @@ struct PrefillNodeOptions {
   uint32_t corrupt_every = 0;
 };
 
+// The frames a request's KV goes as under `spec`: one per layer, pipelined, or one for a
+// strategy that codes the whole request together (lowrank).
+uint32_t TransferFrames(const std::string& spec, uint32_t n_layer);
+
 // Runs requests: prefill, choose, stream, wait for the decode node's tokens. Thread-safe; the
 // model is shared read-only, the controller and estimator behind one lock.
 class PrefillNode {

@@ -19,8 +19,7 @@ LoneRequestCheck CheckLoneRequest(const ServeResponse& r, const SyntheticModel& 
   LoneRequestCheck c;
   c.gbps = gbps;
   c.strategy = r.strategy;
-  // A whole-request strategy (lowrank) goes as one frame; the others one frame per layer.
-  const uint32_t n_frames = r.strategy.find("lowrank") == std::string::npos ? model.n_layer : 1;
+  const uint32_t n_frames = TransferFrames(r.strategy, model.n_layer);
   const double wire_s = double(r.wire_bytes) * 8 / (gbps * 1e9);
   const double prefill_s = prompt_tokens / model.prefill_tokens_per_second;
   const double transfer_s = PipelinedSeconds(t.encode_s, wire_s, t.decode_s, n_frames);

@@ -103,7 +103,7 @@ void DecodeNode::ServeRequests(Connection* c) {
   const uint32_t max_prompt = synth ? synth->max_prompt_tokens : opts_.model->config.seq_len - 1;
   const uint32_t max_new_limit = synth ? (1u << 20) : opts_.model->config.seq_len;
   const uint32_t vocab = synth ? (1u << 30) : opts_.model->config.vocab_size;
-  const uint64_t bytes_per_token = uint64_t{2} * n_layer * n_head_kv * head_dim * (synth ? 2 : 4);
+  const uint64_t values_per_token = uint64_t{2} * n_layer * n_head_kv * head_dim;
   // This connection's KV slot and frame buffer, taken from the node's and given back after: a
   // request decodes into memory an earlier one warmed, as an engine's block pool would, instead
   // of faulting in its whole KV and every frame afresh.
@@ -135,9 +135,8 @@ void DecodeNode::ServeRequests(Connection* c) {
     const uint64_t id = parsed->id;
     const uint32_t max_new = parsed->max_new_tokens, prompt_len = parsed->prompt_len;
     const int first_token = parsed->first_token;
-    // A frame holds at most the prompt's KV (all layers, for a whole-request strategy), coded:
-    // twice its raw bytes and a header bound whatever strategy made it.
-    c->set_max_message_bytes(2 * bytes_per_token * prompt_len + (1 << 20));
+    // A frame holds at most the prompt's KV (all layers, for a whole-request strategy), coded.
+    c->set_max_message_bytes(serve_internal::MaxFrameBytes(values_per_token * prompt_len, prompt_len));
     const Clock::time_point deadline = DeadlineIn(opts_.request_timeout_s);
     std::unique_ptr<LayerAssembler> assembler;
     double decode_s = 0;

@@ -126,10 +126,9 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
   const uint32_t n_layer = opts_.synthetic ? opts_.synthetic->n_layer : opts_.model->config.n_layer;
   const uint32_t n_head_kv = opts_.synthetic ? opts_.synthetic->n_head_kv : opts_.model->config.n_head_kv;
   const uint32_t head_dim = opts_.synthetic ? opts_.synthetic->head_dim : opts_.model->config.head_dim();
-  // The largest value a chunk of this model can have: its KV in f32, coded (twice the raw bytes
-  // bound any strategy's frame), and a frame header. Longer values are refused unread.
-  const uint64_t raw_chunk_bytes = uint64_t{2} * n_layer * n_head_kv * opts_.chunk_tokens * head_dim * sizeof(float);
-  const uint64_t max_value_bytes = 2 * raw_chunk_bytes + (64 << 10);
+  // The largest value a chunk of this model can have (longer ones are refused unread).
+  const uint64_t chunk_values = uint64_t{2} * n_layer * n_head_kv * opts_.chunk_tokens * head_dim;
+  const uint64_t max_value_bytes = serve_internal::MaxFrameBytes(chunk_values, opts_.chunk_tokens);
   serve_internal::BoundedQueue<Item> queue(2);
   Status fetch_status;
   double wire_s = 0;
@@ -156,7 +155,7 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
   CodecOptions co;
   co.pool = opts_.threads;
   // A value claiming more than one chunk of f32 KV is refused before anything is allocated.
-  co.max_decoded_bytes = raw_chunk_bytes;
+  co.max_decoded_bytes = chunk_values * sizeof(float);
   // Under a catch: an exception here, with the fetcher still running, would end the process.
   const Status decode_status = serve_internal::Guarded("decoding pool values", [&]() -> Status {
     while (auto item = queue.Pop()) {

@@ -92,10 +92,9 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   co.request_id = req.id;
   co.pool = opts_.pool;
   co.token_scores = &scores;
-  // One frame per layer where the strategy splits; a whole-request basis (lowrank) goes as one.
-  const bool per_layer = spec.find("lowrank") == std::string::npos;
-  auto encode = [&](uint32_t layer, ByteBuffer* f) {
-    return per_layer ? pipeline.EncodeLayers(kv, layer, 1, f, co) : pipeline.Encode(kv, f, co);
+  const uint32_t n_frames = TransferFrames(spec, n_layer);
+  auto encode = [&](uint32_t frame, ByteBuffer* f) {
+    return n_frames == n_layer ? pipeline.EncodeLayers(kv, frame, 1, f, co) : pipeline.Encode(kv, f, co);
   };
   KV_RETURN_IF_ERROR(SendJson(c, MessageKind::kRequest,
                               {{"id", req.id}, {"max_new_tokens", req.max_new_tokens}, {"first_token", first_token},
@@ -117,7 +116,7 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   double encode_s = 0;
   std::thread encoder([&] {
     encode_status = serve_internal::Guarded("encoding a frame", [&]() -> Status {
-      for (uint32_t l = 0; l < (per_layer ? n_layer : 1); ++l) {
+      for (uint32_t l = 0; l < n_frames; ++l) {
         ByteBuffer f = TakeFrameBuffer();
         const Clock::time_point e0 = Clock::now();
         KV_RETURN_IF_ERROR(encode(l, &f));
@@ -145,7 +144,6 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   // A reply holds at most the tokens asked for: a longer one is refused before it is read.
   const uint32_t vocab = opts_.synthetic ? (1u << 30) : opts_.model->config.vocab_size;
   c->set_max_message_bytes(serve_internal::ResultMessageLimit(req.max_new_tokens));
-  const uint32_t n_frames = per_layer ? n_layer : 1;
   for (int round = 0;; ++round) {
     KV_ASSIGN_OR_RETURN(Message reply, c->Receive(deadline));
     if (reply.kind == MessageKind::kError) {
@@ -178,6 +176,11 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
     out->timings.transfer_s = std::max(0.0, Seconds(t0, Clock::now()) - out->timings.generate_s);
     return Status::Ok();
   }
+}
+
+uint32_t TransferFrames(const std::string& spec, uint32_t n_layer) {
+  // A whole-request basis (lowrank) covers every layer, so its strategy cannot split.
+  return spec.find("lowrank") == std::string::npos ? n_layer : 1;
 }
 
 ByteBuffer PrefillNode::TakeFrameBuffer() {

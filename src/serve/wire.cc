@@ -42,22 +42,19 @@ namespace {
 // a destructor that recurses per level would otherwise overflow a worker's stack).
 Result<json> ParseObject(std::string_view text) {
   KV_RETURN_IF_ERROR(CheckJsonNesting(text, kMaxRequestJsonDepth));
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) {
-    // Parsed again for the reason, which names the position (text that is not UTF-8 included).
-    try {
-      (void)json::parse(text);
-    } catch (const json::exception& e) {
-      return Status::InvalidArgument(std::string("request is not valid JSON: ") + e.what());
-    }
-    return Status::InvalidArgument("request is not valid JSON");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    // The reason names the position (text that is not UTF-8 included).
+    return Status::InvalidArgument(std::string("request is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) return Status::InvalidArgument("request must be a JSON object");
   return j;
 }
 
-// An integer in [lo, hi] given as a JSON number (a whole float such as 7.0 included).
-Status WholeNumber(const json& j, const char* key, double lo, double hi, uint64_t* out) {
+// An optional number field in [lo, hi]; `out` keeps its default when the field is absent.
+Status Number(const json& j, const char* key, double lo, double hi, double* out) {
   if (!j.contains(key)) return Status::Ok();
   const json& v = j[key];
   if (!v.is_number()) return Status::InvalidArgument(std::string("'") + key + "' must be a number");
@@ -66,10 +63,16 @@ Status WholeNumber(const json& j, const char* key, double lo, double hi, uint64_
     return Status::InvalidArgument(std::string("'") + key + "' = " + Dump(v) + " is not in [" + json(lo).dump() + ", " +
                                    json(hi).dump() + "]");
   }
-  if (v.is_number_float() && d != std::floor(d)) {
-    return Status::InvalidArgument(std::string("'") + key + "' = " + Dump(v) + " is not a whole number");
-  }
-  *out = v.is_number_unsigned() ? v.get<uint64_t>() : uint64_t(d);
+  *out = d;
+  return Status::Ok();
+}
+
+// The same for an integer (a whole float such as 7.0 included).
+Status WholeNumber(const json& j, const char* key, double lo, double hi, uint64_t* out) {
+  double d = double(*out);
+  KV_RETURN_IF_ERROR(Number(j, key, lo, hi, &d));
+  if (d != std::floor(d)) return Status::InvalidArgument(std::string("'") + key + "' = " + Dump(j[key]) + " is not a whole number");
+  *out = j.contains(key) && j[key].is_number_unsigned() ? j[key].get<uint64_t>() : uint64_t(d);
   return Status::Ok();
 }
 
@@ -98,22 +101,11 @@ Result<std::string> RequestStrategy(const std::string& text) {
 Result<ServeRequest> ParseServeRequest(const std::string& text, const Tokenizer* tokenizer, uint32_t max_prompt) {
   KV_ASSIGN_OR_RETURN(json j, ParseObject(text));
   ServeRequest r;
-  auto number = [&](const char* key, double lo, double hi, double* out) -> Status {
-    if (!j.contains(key)) return Status::Ok();
-    if (!j[key].is_number()) return Status::InvalidArgument(std::string("'") + key + "' must be a number");
-    const double v = j[key].get<double>();
-    if (!std::isfinite(v) || v < lo || v > hi) {
-      return Status::InvalidArgument(std::string("'") + key + "' = " + Dump(j[key]) + " is not in [" +
-                                     json(lo).dump() + ", " + json(hi).dump() + "]");
-    }
-    *out = v;
-    return Status::Ok();
-  };
   uint64_t id = 0, max_new = r.max_new_tokens;
   KV_RETURN_IF_ERROR(WholeNumber(j, "id", 0, 9007199254740991.0, &id));
   KV_RETURN_IF_ERROR(WholeNumber(j, "max_new_tokens", 1, 1 << 20, &max_new));
-  KV_RETURN_IF_ERROR(number("slo_ms", 1e-3, 1e9, &r.slo_ms));
-  KV_RETURN_IF_ERROR(number("floor", 0, 1.05, &r.floor));
+  KV_RETURN_IF_ERROR(Number(j, "slo_ms", 1e-3, 1e9, &r.slo_ms));
+  KV_RETURN_IF_ERROR(Number(j, "floor", 0, 1.05, &r.floor));
   r.id = id;
   r.max_new_tokens = uint32_t(max_new);
   for (const char* key : {"label", "strategy", "prompt"}) {
@@ -224,8 +216,8 @@ namespace serve_internal {
 namespace {
 
 Result<json> ParseMessage(std::span<const uint8_t> body, const char* what) {
+  // Its length was bounded by the connection before it was read.
   const std::string_view text(reinterpret_cast<const char*>(body.data()), body.size());
-  if (body.size() > kControlMessageBytes * 64) return Status::Corrupt(std::string(what) + " message is too long");
   if (!CheckJsonNesting(text, kMaxRequestJsonDepth).ok()) return Status::Corrupt(std::string(what) + " message nests too deep");
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::Corrupt(std::string("malformed ") + what + " message");

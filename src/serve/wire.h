@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kvserve/frame.h"
 #include "kvserve/transport.h"
 
 namespace kvserve::serve_internal {
@@ -47,6 +48,14 @@ Status Guarded(const char* what, F&& body) noexcept {
 // most max_new_tokens ids: ResultMessageLimit).
 inline constexpr uint64_t kControlMessageBytes = 64 << 10;
 inline uint64_t ResultMessageLimit(uint32_t max_new_tokens) { return kControlMessageBytes + uint64_t{24} * max_new_tokens; }
+
+// The longest frame `elements` KV values of n_token tokens can code to, whatever the strategy
+// and the KV's dtype: 8 bytes a value (twice f32; an 8-bit code with its own fp16 range, group=1,
+// takes 5) and the largest header (spec, kept positions, checksum). Frames and pool values above
+// it are refused unread.
+inline uint64_t MaxFrameBytes(uint64_t elements, uint32_t n_token) {
+  return 8 * elements + kFrameFixedHeader + kFrameMaxSpec + 4 + uint64_t{4} * n_token + kFrameChecksumBytes;
+}
 
 // prefill -> decode: what to generate after the KV that follows.
 struct DecodeRequestMessage {

@@ -449,6 +449,29 @@ TEST_F(Pd, DecodePortBoundsWhatAPeerMayAnnounceOrAskFor) {
   EXPECT_EQ(r->tokens, LlamaEngine(Stories()).Generate(req.prompt, 8).value());
 }
 
+// The decode port's frame limit must admit the largest frame any strategy makes, whatever the
+// KV's dtype: an 8-bit code with its own fp16 range per value (group=1) is 40 bits a value,
+// 2.5x the synthetic stand-in's fp16 KV.
+TEST_F(Pd, SyntheticNodesTakeTheLargestFramesAStrategyMakes) {
+  const SyntheticModel sm;
+  DecodeNode node(transport_.get(), DecodeNodeOptions{.synthetic = &sm, .request_timeout_s = 10});
+  ASSERT_TRUE(node.Start("127.0.0.1:0").ok());
+  PrefillNodeOptions o;
+  o.synthetic = &sm;
+  o.decode_peers = {"127.0.0.1:" + std::to_string(node.port())};
+  o.strategy = "quant(kbits=8,vbits=8,group=1)";
+  o.request_timeout_s = 10;
+  auto prefill = PrefillNode::Create(transport_.get(), o).value();
+  ServeRequest r;
+  r.id = 5;
+  r.prompt.assign(16, 1);
+  r.max_new_tokens = 2;
+  auto out = prefill->Serve(r);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_GT(out->wire_bytes, 2 * out->kv_bytes);
+  EXPECT_EQ(out->tokens.size(), 2u);
+}
+
 TEST_F(Pd, DecodeNodeServesAtMostMaxConnectionsAndTellsTheRestWhy) {
   DecodeNode node(transport_.get(), DecodeNodeOptions{.model = &Stories(), .request_timeout_s = 5, .max_connections = 3});
   ASSERT_TRUE(node.Start("127.0.0.1:0").ok());

@@ -207,34 +207,33 @@ TEST(PoolNode, CorruptValuesAreDeletedAndRecomputedAndEvictionsMidFetchRecompute
 
 // An uncompressed stories260K pool node over a redis-server of its own, and the story request
 // with its local tokens, served once (stored).
-struct RedisStoriesNode {
-  RedisStoriesNode()
-      : pool(MakeRedisPool(testing::TestPoolOptions(server.address())).value()), node(Node(Stories(), pool.get(), "none")),
-        req(Req(Stories(), kStory, 16)), local(Local(Stories(), req)) {
-    EXPECT_TRUE(node->Serve(req).ok());
+class PoolNodeOnRedis : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(testing::HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
+    server = std::make_unique<testing::RedisServer>();
+    pool = MakeRedisPool(testing::TestPoolOptions(server->address())).value();
+    node = Node(Stories(), pool.get(), "none");
+    req = Req(Stories(), kStory, 16);
+    local = Local(Stories(), req);
+    ASSERT_TRUE(node->Serve(req).ok());
   }
-  testing::RedisServer server;
+  std::unique_ptr<testing::RedisServer> server;
   std::unique_ptr<KvPool> pool;
   std::unique_ptr<PoolNode> node;
   ServeRequest req;
   std::vector<int> local;
 };
 
-TEST(PoolNode, RedisStoppedMidRunFallsBackToRecomputeAndReconnects) {
-  ASSERT_TRUE(testing::HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
-  RedisStoriesNode bed;
-  testing::RedisServer& server = bed.server;
-  PoolNode* node = bed.node.get();
-  const ServeRequest& req = bed.req;
-  const std::vector<int>& local = bed.local;
+TEST_F(PoolNodeOnRedis, StoppedMidRunFallsBackToRecomputeAndReconnects) {
   ASSERT_EQ(node->Serve(req)->pool_action, "fetch");
-  server.Stop();
+  server->Stop();
   auto down = node->Serve(req);
   ASSERT_TRUE(down.ok()) << down.status().ToString();
   EXPECT_EQ(down->cached_tokens, 0u);
   EXPECT_EQ(down->tokens, local);
   EXPECT_GT(node->metrics().pool_errors.load(), 0u);
-  ASSERT_TRUE(server.Start());
+  ASSERT_TRUE(server->Start());
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // past the back-off
   auto again = node->Serve(req);  // empty server: a miss that stores
   ASSERT_TRUE(again.ok());
@@ -301,13 +300,7 @@ TEST(PoolNode, AValueMovedUnderAnotherPromptsKeyIsAMissNeverItsTokens) {
 // Values whose part header lies — 2^20 parts of a 2^40-byte value after 1 MiB, or 2,000,000
 // parts in 33 bytes — are refused before anything is allocated or fetched for them, deleted, and
 // the request recomputes: the node neither aborts nor balloons, and is right after each.
-TEST(PoolNode, ForgedPartHeadersInRedisAreDeletedNotAllocated) {
-  ASSERT_TRUE(testing::HaveRedis()) << "redis-server is not installed (scripts/setup.sh installs it)";
-  RedisStoriesNode bed;
-  testing::RedisServer& server = bed.server;
-  PoolNode* node = bed.node.get();
-  const ServeRequest& req = bed.req;
-  const std::vector<int>& local = bed.local;
+TEST_F(PoolNodeOnRedis, ForgedPartHeadersAreDeletedNotAllocated) {
   const std::string key0 = UncompressedChunkKey(req, 0);
   auto header = [](uint32_t n_parts, uint64_t total) {
     std::string h = "KVSP";
@@ -326,7 +319,7 @@ TEST(PoolNode, ForgedPartHeadersInRedisAreDeletedNotAllocated) {
     ASSERT_NE(f, nullptr);
     std::fwrite(bomb.data(), 1, bomb.size(), f);
     std::fclose(f);
-    ASSERT_NE(server.Cli("-x SET '" + key0 + "' < " + path).find("OK"), std::string::npos);
+    ASSERT_NE(server->Cli("-x SET '" + key0 + "' < " + path).find("OK"), std::string::npos);
     auto r = node->Serve(req);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(r->cached_tokens, 0u);

@@ -111,6 +111,14 @@ std::string Continuation(const std::string& model, const std::string& prompt, in
   return r.out.substr(at + prompt.size(), r.out.find('\n', at) - at - prompt.size());
 }
 
+// The JSON object a `--json` run printed: from its first '{' to its last '}' (with stderr merged,
+// an error line that fails the run may follow it). Discarded when there is none.
+json JsonIn(const std::string& out) {
+  const size_t open = out.find('{'), close = out.rfind('}');
+  if (open == std::string::npos || close == std::string::npos || close < open) return json::value_t::discarded;
+  return json::parse(out.substr(open, close - open + 1), nullptr, false);
+}
+
 TEST(ServeCli, RouterPrefillDecodeGiveLocalTextAndSurviveBadInput) {
   for (const std::string model : {"stories260K", "babyllama105"}) {
     Process decode({"serve", "decode", "-m", model, "--listen", "127.0.0.1:0", "--log-level", "quiet"});
@@ -296,7 +304,7 @@ TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
       "--allow-uncalibrated --json 2>/dev/null", "",
       300);
   ASSERT_EQ(r.code, 0) << r.out;
-  const json j = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  const json j = JsonIn(r.out);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["mode"], "pd");
   EXPECT_EQ(j["kv_shape"], "llama3-8b");
@@ -367,7 +375,7 @@ TEST(ServeCli, CalibrationCatchesAnInjectedOverheadAndPassesWithoutIt) {
                           "--calibration-tolerance 0.25 --json 2>/dev/null";
   auto clean = kvserve::testing::Cli(run, "", 300);
   ASSERT_EQ(clean.code, 0) << clean.out;
-  const json c = json::parse(clean.out.substr(clean.out.find('{')), nullptr, false);
+  const json c = JsonIn(clean.out);
   ASSERT_FALSE(c.is_discarded()) << clean.out;
   EXPECT_TRUE(c["calibration"]["valid"].get<bool>()) << c["calibration"].dump();
   EXPECT_EQ(c["calibration"]["checks"].size(), 3u);  // none, adaptive, uniform8 at 2 Gbit/s
@@ -375,10 +383,8 @@ TEST(ServeCli, CalibrationCatchesAnInjectedOverheadAndPassesWithoutIt) {
   auto slow = kvserve::testing::Cli(run + " --inject-send-delay-ns 12", "", 300);
   EXPECT_NE(slow.code, 0) << slow.out;
   // The JSON, then (stderr merged) the error that fails the run.
-  const size_t open = slow.out.find('{'), close = slow.out.rfind('}');
-  ASSERT_NE(open, std::string::npos) << slow.out;
-  EXPECT_NE(slow.out.find("calibration: "), std::string::npos) << slow.out.substr(close);
-  const json s = json::parse(slow.out.substr(open, close - open + 1), nullptr, false);
+  EXPECT_NE(slow.out.find("calibration: "), std::string::npos) << slow.out;
+  const json s = JsonIn(slow.out);
   ASSERT_FALSE(s.is_discarded()) << slow.out;
   EXPECT_FALSE(s["calibration"]["valid"].get<bool>());
   bool none_flagged = false;
@@ -400,7 +406,7 @@ TEST(ServeCli, QuickKeepsTheBandwidthsItIsGiven) {
       "bench e2e --quick --bandwidths 3 --requests 1 --prompt-tokens 64 --max-new 2 --static uniform8 --allow-uncalibrated --json "
       "2>/dev/null", "", 300);
   ASSERT_EQ(r.code, 0) << r.out;
-  const json j = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  const json j = JsonIn(r.out);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   ASSERT_FALSE(j["points"].empty());
   for (const json& p : j["points"]) EXPECT_EQ(p["gbps"].get<double>(), 3) << p.dump();
@@ -437,7 +443,7 @@ TEST(ServeCli, PoolBenchmarkRunsEveryPolicyAndHitsTheSharedPrefix) {
       "bench e2e --mode pool --bandwidths 15 --requests 4 --load 0.05 --prompt-tokens 512 --suffix-tokens 16 --reuse 1 --max-new 2 "
       "--static kivi2 --json 2>/dev/null", "", 300);
   ASSERT_EQ(r.code, 0) << r.out;
-  const json j = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  const json j = JsonIn(r.out);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["mode"], "pool");
   EXPECT_EQ(j["backend"], "embedded");
@@ -458,7 +464,7 @@ TEST(ServeCli, PoolBenchmarkRunsEveryPolicyAndHitsTheSharedPrefix) {
   EXPECT_NE(missing.out.find("--pool-address"), std::string::npos) << missing.out;
   auto pb = kvserve::testing::Cli("bench pool --sizes-mib 1 --count 2 --json");
   ASSERT_EQ(pb.code, 0) << pb.out;
-  const json b = json::parse(pb.out.substr(pb.out.find('{')), nullptr, false);
+  const json b = JsonIn(pb.out);
   ASSERT_FALSE(b.is_discarded()) << pb.out;
   EXPECT_GT(b["rows"][0]["get_gbps"].get<double>(), 0);
 }
