@@ -23,6 +23,7 @@ set(kHeader_serve serve)
 set(kHeader_transport serve)
 set(kHeader_pool serve)
 set(kHeader_calibration serve)
+set(kHeader_testbed serve)
 set(kHeader_stats kv)
 # What each module may include besides itself.
 set(kAllow_kv "")

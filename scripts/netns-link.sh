@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real, kernel-shaped link between two network namespaces, for serving benchmarks and tests:
-#   scripts/netns-link.sh up RATE_GBIT [DELAY_MS [JITTER_MS]]   build it (replacing an old one)
+#   scripts/netns-link.sh up RATE_GBIT [DELAY_MS [JITTER_MS]]   build it (replacing an old one);
+#                                   RATE 0: not rate-shaped (what the veth itself carries)
 #   scripts/netns-link.sh down                                   remove it (always safe to run)
 #   scripts/netns-link.sh run RATE_GBIT [DELAY_MS [JITTER_MS]] -- CMD...
 #                                   build it, run CMD (which uses `ip netns exec`), tear it down
@@ -29,7 +30,7 @@ have_privilege() {
     why="this machine lets a namespace be made but not entered: ip netns exec said '${out//$'\n'/ }'"
     return 1
   fi
-  if ! out=$(ip link add "${prefix}-pv$$" netns "$probe" type veth peer name "${prefix}-pw$$" netns "$probe" 2>&1); then
+  if ! out=$(ip link add "kvpv$$" netns "$probe" type veth peer name "kvpw$$" netns "$probe" 2>&1); then
     ip netns del "$probe" 2> /dev/null || true
     why="this machine cannot make a veth pair: ${out//$'\n'/ }"
     return 1
@@ -66,9 +67,18 @@ up() {
   rate_kbit=$(awk -v r="$rate" 'BEGIN { printf "%d", r * 1000000 }')
   burst=$(awk -v r="$rate" 'BEGIN { b = r * 1e9 / 8 / 250; if (b < 262144) b = 262144; printf "%d", b }')
   limit=$(awk -v r="$rate" 'BEGIN { l = r * 1e9 / 8 * 0.05; if (l < 1048576) l = 1048576; printf "%d", l }')
+  local shaped=1
+  awk -v r="$rate" 'BEGIN { exit !(r == 0) }' && shaped=0
   for pair in "$a ${prefix}-va" "$b ${prefix}-vb"; do
     set -- $pair
-    if awk -v d="$delay" 'BEGIN { exit !(d > 0) }'; then
+    if [ "$shaped" = 0 ]; then
+      if awk -v d="$delay" 'BEGIN { exit !(d > 0) }' &&
+        ! tc -n "$1" qdisc add dev "$2" root netem delay "${delay}ms" "${jitter}ms" 2> /dev/null; then
+        down
+        echo "netns-link: skipped: this kernel has no netem qdisc (sch_netem), so DELAY/JITTER cannot be shaped; use DELAY 0" >&2
+        exit 77
+      fi
+    elif awk -v d="$delay" 'BEGIN { exit !(d > 0) }'; then
       if ! tc -n "$1" qdisc add dev "$2" root handle 1: netem delay "${delay}ms" "${jitter}ms" 2> /dev/null; then
         down
         echo "netns-link: skipped: this kernel has no netem qdisc (sch_netem), so DELAY/JITTER cannot be shaped; use DELAY 0" >&2
@@ -80,7 +90,9 @@ up() {
     fi
   done
   trap - ERR
-  echo "netns-link: $a (10.77.0.1) <-> $b (10.77.0.2) at ${rate} Gbit/s, delay ${delay} ms, jitter ${jitter} ms"
+  local at="at ${rate} Gbit/s"
+  [ "$shaped" = 0 ] && at="not rate-shaped"
+  echo "netns-link: $a (10.77.0.1) <-> $b (10.77.0.2) $at, delay ${delay} ms, jitter ${jitter} ms"
 }
 
 [ $# -ge 1 ] || usage

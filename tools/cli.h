@@ -66,13 +66,17 @@ void AddProfileCommands(CLI::App& app);
 void AddControlCommands(CLI::App& app);
 // What the transport carries over a link: `mib` MiB sent to a `bench link --listen` at
 // `connect`, or with `connect` empty to a receiver in this process over loopback, timed until
-// the receiver confirms the last byte.
+// the receiver confirms the last byte. `ends` puts the in-process receiver and the sender in
+// network namespaces (a veth between them, kvserve/testbed.h's NetnsLink) instead of loopback.
+struct LinkEnds {
+  std::string listen_netns, listen_ip = "127.0.0.1", connect_netns;
+};
 struct LinkMeasurement {
   std::string target;
   uint64_t bytes = 0;
   double seconds = 0, gbps = 0;
 };
-Result<LinkMeasurement> MeasureLink(Transport* transport, const std::string& connect, uint32_t mib);
+Result<LinkMeasurement> MeasureLink(Transport* transport, const std::string& connect, uint32_t mib, const LinkEnds& ends = {});
 
 void AddServeCommands(CLI::App& app);
 void AddBenchE2eCommand(CLI::App& bench);

@@ -1,6 +1,11 @@
 // CLI: `bench e2e --mode pd` — the whole PD path (prefill node, controller, per-layer streaming
 // over TCP through a shaped link, decode node) across bandwidths and policies, with Poisson or
 // burst arrivals. Points the machine's link cannot carry are given by the simulator, labelled.
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -17,6 +22,7 @@
 #include "kvserve/profile.h"
 #include "kvserve/serve.h"
 #include "kvserve/stats.h"
+#include "kvserve/testbed.h"
 
 namespace kvserve::cli {
 namespace {
@@ -39,6 +45,12 @@ struct E2eFlags {
   bool allow_uncalibrated = false;
   double calibration_tolerance = 0.10;
   double inject_send_delay_ns = 0;  // test seam: per byte sent
+  // Where the nodes run: "process" (each its own process, pinned) or "inproc"; the link: the
+  // kernel's (netns), the in-process token bucket (shaper), or auto (netns where allowed).
+  std::string nodes, link = "auto", cpus = "auto";
+  // Resolved from them at the start of a run.
+  std::string link_used, link_note, kvserve_exe;
+  int cpu_prefill = -1, cpu_decode = -1, cpu_router = -1;
   // --mode pool
   double reuse = 0.8;
   uint32_t suffix_tokens = 64, chunk_tokens = kDefaultChunkTokens;
@@ -72,10 +84,9 @@ struct Point {
 };
 
 // The answered requests of a point, in order; failed ones are counted in p->errors and said on stderr.
-std::vector<ServeResponse> Answers(std::vector<std::future<Result<ServeResponse>>>& futures, Point* p) {
+std::vector<ServeResponse> Answers(std::vector<Result<ServeResponse>>& answers, Point* p) {
   std::vector<ServeResponse> out;
-  for (auto& fu : futures) {
-    auto r = fu.get();
+  for (auto& r : answers) {
     if (!r.ok()) {
       p->errors++;
       std::fprintf(stderr, "bench e2e: %s\n", r.status().ToString().c_str());
@@ -85,6 +96,9 @@ std::vector<ServeResponse> Answers(std::vector<std::future<Result<ServeResponse>
   }
   return out;
 }
+
+// This run's namespaces: kb<pid>-a and kb<pid>-b (short enough for the veth names).
+std::string NetnsPrefix() { return "kb" + std::to_string(::getpid() % 100000); }
 
 // One measured link: a decode node and a prefill node of the synthetic model over TCP shaped to
 // `gbps` in process; the prefill node runs the profile's controller, or `strategy` without one.
@@ -97,7 +111,10 @@ struct Testbed {
   static Result<std::unique_ptr<Testbed>> Start(const E2eFlags& f, const SyntheticModel& sm, double gbps,
                                                 const Profile* profile, const std::string& strategy) {
     auto t = std::make_unique<Testbed>(gbps, f.inject_send_delay_ns * 1e-9);
-    t->decode = std::make_unique<DecodeNode>(t->transport.get(), DecodeNodeOptions{.synthetic = &sm, .request_timeout_s = 600});
+    DecodeNodeOptions d;
+    d.synthetic = &sm;
+    d.request_timeout_s = 600;
+    t->decode = std::make_unique<DecodeNode>(t->transport.get(), d);
     KV_RETURN_IF_ERROR(t->decode->Start("127.0.0.1:0"));
     PrefillNodeOptions o;
     o.synthetic = &sm;
@@ -121,6 +138,105 @@ struct Testbed {
   std::unique_ptr<PrefillNode> prefill;
 };
 
+// ---- The process testbed's Ctrl-C: a thread waits for SIGINT/SIGTERM, stops the live testbed
+// (its processes and namespaces) and exits 130. Started before any other thread, so every thread
+// after it has those signals blocked.
+std::mutex g_live_mu;
+ProcessTestbed* g_live = nullptr;
+
+void StopTestbedOnSignal() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    std::thread([set] {
+      int sig = 0;
+      sigwait(&set, &sig);
+      std::lock_guard<std::mutex> lock(g_live_mu);
+      if (g_live != nullptr) g_live->Stop();
+      // A testbed still starting is not live yet: its children die with this process
+      // (PR_SET_PDEATHSIG); its namespaces are removed here.
+      NetnsLink::Remove(SourceDir() + "/scripts/netns-link.sh", NetnsPrefix());
+      std::fprintf(stderr, "bench e2e: stopped by signal %d; its node processes and namespaces are gone\n", sig);
+      std::_Exit(130);
+    }).detach();
+  });
+}
+
+// The client of the process testbed: a request as JSON to the router's /generate, from inside
+// the namespace the router is in; the answer read back (ServeResponseFromJson).
+ServeFn RouterClient(const std::string& address, const std::string& netns, double timeout_s) {
+  return [=](const ServeRequest& r) -> Result<ServeResponse> {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<ScopedNetns> ns, ScopedNetns::Enter(netns));
+    httplib::Client cli("http://" + address);
+    cli.set_connection_timeout(std::chrono::seconds(5));
+    cli.set_read_timeout(std::chrono::duration<double>(timeout_s));
+    const json body = {{"id", r.id}, {"tokens", r.prompt}, {"max_new_tokens", r.max_new_tokens}, {"slo_ms", r.slo_ms},
+                       {"floor", r.floor}};
+    auto res = cli.Post("/generate", body.dump(), "application/json");
+    if (!res) return Status::Unavailable("router " + address + ": " + httplib::to_string(res.error()));
+    if (res->status != 200) {
+      return Status::Unavailable("router " + address + " answered " + std::to_string(res->status) + ": " + res->body.substr(0, 300));
+    }
+    return ServeResponseFromJson(res->body);
+  };
+}
+
+// The nodes of one measured run, as the flags say: in this process or as processes (each pinned
+// to its core, the link the kernel's or the prefill node's token bucket), behind one serve
+// function. `prompts`: the lengths whose synthetic KV is made before the clock starts.
+struct Bed {
+  std::unique_ptr<Testbed> inproc;
+  std::unique_ptr<ProcessTestbed> procs;
+  ServeFn serve;
+  ~Bed() {
+    std::lock_guard<std::mutex> lock(g_live_mu);  // a signal now finds it stopped or still live, never half-freed
+    if (g_live == procs.get()) g_live = nullptr;
+    procs.reset();
+  }
+  static Result<std::unique_ptr<Bed>> Start(const E2eFlags& f, const SyntheticModel& sm, double gbps, const Profile* profile,
+                                            const std::string& strategy, std::vector<uint32_t> prompts) {
+    std::sort(prompts.begin(), prompts.end());
+    prompts.erase(std::unique(prompts.begin(), prompts.end()), prompts.end());
+    auto bed = std::make_unique<Bed>();
+    if (f.nodes == "inproc") {
+      KV_ASSIGN_OR_RETURN(bed->inproc, Testbed::Start(f, sm, gbps, profile, strategy));
+      for (uint32_t n : prompts) KV_RETURN_IF_ERROR(bed->inproc->prefill->Prepare(n));
+      PrefillNode* node = bed->inproc->prefill.get();
+      bed->serve = [node](const ServeRequest& r) { return node->Serve(r); };
+      return bed;
+    }
+    ProcessTestbedOptions o;
+    o.kvserve = f.kvserve_exe;
+    o.kv_shape = f.kv_shape;
+    o.gpu = f.gpu;
+    o.prepare_tokens = prompts;
+    if (profile != nullptr) o.profile = f.profile;
+    o.strategy = strategy;
+    o.gbps = gbps;
+    o.link = f.link_used;
+    o.netns_script = SourceDir() + "/scripts/netns-link.sh";
+    o.netns_prefix = NetnsPrefix();
+    o.threads = f.threads;
+    o.cpu_prefill = f.cpu_prefill, o.cpu_decode = f.cpu_decode, o.cpu_router = f.cpu_router;
+    o.send_delay_ns = f.inject_send_delay_ns;
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<ProcessTestbed> t, ProcessTestbed::Start(o));
+    bed->serve = RouterClient(t->router_address(), t->client_netns(), 600);
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    bed->procs = std::move(t);
+    g_live = bed->procs.get();
+    return bed;
+  }
+  // The bed of a policy: the profile's controller for adaptive, else its fixed strategy.
+  static Result<std::unique_ptr<Bed>> For(const E2eFlags& f, const SyntheticModel& sm, double gbps, const Profile& profile,
+                                          const Policy& pol, const std::vector<uint32_t>& prompts) {
+    return Start(f, sm, gbps, pol.spec.empty() ? &profile : nullptr, pol.spec.empty() ? "none" : pol.spec, prompts);
+  }
+};
+
 // The driver's request `id`: a prompt of n_token tokens and the flags' generation, SLO and floor.
 ServeRequest DriverRequest(const E2eFlags& f, uint64_t id, uint32_t n_token) {
   ServeRequest r;
@@ -135,32 +251,20 @@ ServeRequest DriverRequest(const E2eFlags& f, uint64_t id, uint32_t n_token) {
 // Measured: every request through the real nodes, on a link shaped to `gbps` in process.
 Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
                           const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::For(f, sm, gbps, profile, pol));
-  PrefillNode* prefill = bed->prefill.get();
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Bed> bed, Bed::For(f, sm, gbps, profile, pol, prompts));
   std::map<std::string, double> quality_of;
   for (const ProfileEntry& e : profile.pareto) quality_of[e.spec] = e.quality;
-  for (uint32_t n : prompts) KV_RETURN_IF_ERROR(prefill->Prepare(n));
-  std::vector<std::future<Result<ServeResponse>>> futures;
-  const auto start = Clock::now();
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
-    futures.push_back(std::async(std::launch::async, [&, i] {
-      auto out = prefill->Serve(DriverRequest(f, i + 1, prompts[i]));
-      if (out.ok()) {
-        // JCT from the scheduled arrival (the driver may start a thread a little late).
-        const double done = std::chrono::duration<double>(Clock::now() - start).count();
-        out->timings.total_s = done - arrivals[i];
-      }
-      return out;
-    }));
-  }
+  std::vector<ServeRequest> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(DriverRequest(f, i + 1, prompts[i]));
+  // JCT from each scheduled arrival to the answer, at the client.
+  std::vector<Result<ServeResponse>> answers = DriveArrivals(bed->serve, requests, arrivals);
   Point p;
   p.gbps = gbps;
   p.policy = pol.name;
   std::vector<double> jct, ttft;
   double compute = 0, total = 0, q = 0;
   uint32_t ok_slo = 0;
-  for (const ServeResponse& resp : Answers(futures, &p)) {
+  for (const ServeResponse& resp : Answers(answers, &p)) {
     const ServeResponse* r = &resp;
     const StageTimings& t = r->timings;
     jct.push_back(t.total_s * 1e3);
@@ -235,9 +339,11 @@ json CiJson(const MeanCi& m) { return {{"mean", m.mean}, {"ci95", m.half_width},
 // (kvserve/calibration.h). Points of a policy whose lone request is off are marked invalid.
 Result<LoneRequestCheck> Calibrate(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol,
                                    double gbps, uint32_t prompt_tokens) {
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::For(f, sm, gbps, profile, pol));
-  KV_RETURN_IF_ERROR(bed->prefill->Prepare(prompt_tokens));
-  KV_ASSIGN_OR_RETURN(ServeResponse out, bed->prefill->Serve(DriverRequest(f, 1, prompt_tokens)));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Bed> bed, Bed::For(f, sm, gbps, profile, pol, {prompt_tokens}));
+  // Measured at the client, as the points are: with node processes, HTTP and the router count.
+  std::vector<Result<ServeResponse>> answer = DriveArrivals(bed->serve, {DriverRequest(f, 1, prompt_tokens)}, {0.0});
+  KV_RETURN_IF_ERROR(answer[0].status());
+  const ServeResponse& out = answer[0].value();
   LoneRequestCheck c = CheckLoneRequest(out, sm, gbps, prompt_tokens, f.max_new, {.relative = f.calibration_tolerance});
   c.policy = pol.name;
   return c;
@@ -421,6 +527,8 @@ Status WriteText(const std::string& path, const std::string& text) {
   return WriteFileAtomic(path, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }
 
+std::string CoreName(int cpu) { return cpu < 0 ? "unpinned" : std::to_string(cpu); }
+
 // The fields every e2e result starts with: what ran, the compute model, the link ceiling, the load.
 json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, const char* mode, const char* note) {
   return {{"mode", mode},
@@ -440,23 +548,100 @@ json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, cons
           {"slo_ms", f.slo_ms},
           {"floor", f.floor},
           {"codec_threads", f.threads},
+          {"nodes", f.nodes},
+          {"link", f.link_used},
+          {"link_note", f.link_note},
           {"codec", {{"runs_on", "host CPU"},
                      {"threads_per_node", f.threads},
                      {"cores_on_machine", std::thread::hardware_concurrency()},
-                     {"nodes", "one process: prefill and decode nodes share these cores"}}}};
+                     {"cores", f.nodes == "process" ? json{{"prefill", CoreName(f.cpu_prefill)}, {"decode", CoreName(f.cpu_decode)},
+                                                           {"router", CoreName(f.cpu_router)}}
+                                                     : json("shared")},
+                     {"nodes", f.nodes == "process"
+                                   ? "separate processes (router, prefill, decode), each pinned to its core; the driver in the bench process"
+                                   : "one process: prefill and decode nodes share these cores"}}}};
 }
 
-// What the transport carries over loopback on this machine, read three times: one reading on a
-// noisy machine decided measured or modelled by chance. The lowest is the ceiling; all are
-// reported.
-Result<std::vector<double>> LinkCeilingReadings() {
+// What the link kind carries on this machine, read three times: one reading on a noisy machine
+// decided measured or modelled by chance. The lowest is the ceiling; all are reported. Loopback
+// TCP for the token bucket; for the kernel's link, the same veth between two namespaces with no
+// rate set.
+Result<std::vector<double>> LinkCeilingReadings(const E2eFlags& f) {
   const std::unique_ptr<Transport> probe = MakeTcpTransport();
+  std::unique_ptr<NetnsLink> veth;
+  LinkEnds ends;
+  if (f.link_used == "netns") {
+    KV_ASSIGN_OR_RETURN(veth, NetnsLink::Up(SourceDir() + "/scripts/netns-link.sh", NetnsPrefix(), 0));
+    ends = {veth->receiver(), NetnsLink::kReceiverIp, veth->sender()};
+  }
   std::vector<double> readings;
   for (int i = 0; i < 3; ++i) {
-    KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(probe.get(), "", 128));
+    KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(probe.get(), "", 128, ends));
     readings.push_back(link.gbps);
   }
   return readings;
+}
+
+// Resolves --nodes, --link and --cpus for this machine: the process testbed by default (pd), the
+// kernel's link where this process may make namespaces, and one core per node where there are
+// cores enough. Says on stderr what it fell back from.
+Status ResolveTestbed(E2eFlags* f) {
+  if (f->nodes.empty()) f->nodes = f->mode == "pd" ? "process" : "inproc";
+  if (f->nodes == "process" && f->mode != "pd") return Status::InvalidArgument("--nodes process is for --mode pd; pool mode runs in process");
+  if (f->nodes == "process" && (f->prefill_tps > 0 || f->decode_tps > 0)) {
+    return Status::InvalidArgument("--prefill-tps/--decode-tps set the in-process nodes' compute; node processes take it from "
+                                   "--kv-shape and --gpu (or use --nodes inproc)");
+  }
+  if (f->nodes == "inproc") {
+    if (f->link == "netns") return Status::InvalidArgument("--link netns needs --nodes process (the namespaces hold processes)");
+    f->link_used = "shaper";
+    f->link_note = "in-process token bucket on loopback TCP";
+    return Status::Ok();
+  }
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return Status::IoError("cannot find this executable (/proc/self/exe) to start the node processes");
+  f->kvserve_exe.assign(exe, size_t(n));
+  const int cores = int(std::thread::hardware_concurrency());
+  if (f->cpus == "auto") {
+    // Prefill and decode each get a core; the router and the driver one of their own if any is left.
+    if (cores >= 2) f->cpu_prefill = 0, f->cpu_decode = 1;
+    if (cores >= 3) f->cpu_router = 2;
+  } else if (f->cpus != "none") {
+    int* slot[] = {&f->cpu_prefill, &f->cpu_decode, &f->cpu_router};
+    size_t k = 0, at = 0;
+    const std::string& list = f->cpus;
+    while (at <= list.size()) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      const std::string item = list.substr(at, comma - at);
+      char* end = nullptr;
+      const long v = std::strtol(item.c_str(), &end, 10);
+      if (k >= 3 || item.empty() || *end != 0 || v < 0 || v >= cores) {
+        return Status::InvalidArgument("--cpus '" + list + "': PREFILL,DECODE[,ROUTER] cores below " + std::to_string(cores) +
+                                       ", or auto, or none");
+      }
+      *slot[k++] = int(v);
+      at = comma + 1;
+    }
+    if (k < 2) return Status::InvalidArgument("--cpus '" + list + "': give the prefill and the decode node's cores");
+  }
+  f->link_used = f->link == "auto" ? "netns" : f->link;
+  if (f->link_used == "netns") {
+    // A probe: the namespaces this run would make, made and removed once.
+    auto probe = NetnsLink::Up(SourceDir() + "/scripts/netns-link.sh", NetnsPrefix(), 0);
+    if (!probe.ok()) {
+      if (f->link == "netns" || probe.status().code() != StatusCode::kUnavailable) return probe.status();
+      f->link_used = "shaper";
+      f->link_note = "in the prefill process: a token bucket on loopback TCP (the kernel's link was not allowed: " +
+                     probe.status().message() + ")";
+      std::fprintf(stderr, "bench e2e: %s\n", f->link_note.c_str());
+      return Status::Ok();
+    }
+  }
+  f->link_note = f->link_used == "netns"
+                     ? "veth between two network namespaces, shaped by the kernel (tc tbf); prefill and router in one, decode in the other"
+                     : "in the prefill process: a token bucket on loopback TCP";
+  return Status::Ok();
 }
 
 // The synthetic stand-in of --kv-shape on --gpu, with the flags' compute rates where given.
@@ -470,6 +655,8 @@ Result<SyntheticModel> ModelOf(const E2eFlags& f) {
 Status RunPoolMode(const E2eFlags& f);
 
 Status RunE2e(E2eFlags f) {
+  StopTestbedOnSignal();  // before any thread starts
+  KV_RETURN_IF_ERROR(ResolveTestbed(&f));
   if (f.mode == "pool") {
     if (f.quick) {
       if (!f.bandwidths_given) f.bandwidths = {2, 15};
@@ -499,7 +686,7 @@ Status RunE2e(E2eFlags f) {
   for (uint32_t n : prompts) mean_tokens += n;
   mean_tokens /= prompts.size();
   // The link ceiling of this machine, measured now with the same transport.
-  KV_ASSIGN_OR_RETURN(std::vector<double> readings, LinkCeilingReadings());
+  KV_ASSIGN_OR_RETURN(std::vector<double> readings, LinkCeilingReadings(f));
   const double ceiling = *std::min_element(readings.begin(), readings.end());
   std::vector<Point> points;
   json ratios = json::array();
@@ -574,11 +761,10 @@ Status RunE2e(E2eFlags f) {
     if (measured && pipelining.is_null()) {
       // One request alone on this link with a compressing strategy: are the three stages overlapped?
       const std::string strategy = policies.size() > 2 ? policies[2].spec : "quant|rans";
-      KV_ASSIGN_OR_RETURN(std::unique_ptr<Testbed> bed, Testbed::Start(f, sm, gbps, nullptr, strategy));
-      ServeRequest r;
-      r.prompt.assign(prompts[0], 1);
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<Bed> bed, Bed::Start(f, sm, gbps, nullptr, strategy, {prompts[0]}));
+      ServeRequest r = DriverRequest(f, 1, prompts[0]);
       r.max_new_tokens = 1;
-      KV_ASSIGN_OR_RETURN(ServeResponse out, bed->prefill->Serve(r));
+      KV_ASSIGN_OR_RETURN(ServeResponse out, bed->serve(r));
       const StageTimings& st = out.timings;
       pipelining = {{"gbps", gbps}, {"strategy", strategy}, {"encode_ms", st.encode_s * 1e3}, {"wire_ms", st.wire_s * 1e3},
                     {"decode_ms", st.decode_s * 1e3}, {"sum_ms", (st.encode_s + st.wire_s + st.decode_s) * 1e3},
@@ -697,7 +883,7 @@ Status RunPoolMode(const E2eFlags& f) {
     }
     return p;
   };
-  KV_ASSIGN_OR_RETURN(std::vector<double> readings, LinkCeilingReadings());
+  KV_ASSIGN_OR_RETURN(std::vector<double> readings, LinkCeilingReadings(f));
   const double ceiling = *std::min_element(readings.begin(), readings.end());
   const double prefix_bytes = double(prefix) * sm.kv_bytes_per_token();
   std::map<std::string, double> quality_of = {{"none", 1.0}};
@@ -727,23 +913,15 @@ Status RunPoolMode(const E2eFlags& f) {
       o.threads = Pool(f.threads);
       KV_ASSIGN_OR_RETURN(std::unique_ptr<PoolNode> node, PoolNode::Create(o));
       KV_RETURN_IF_ERROR(node->Prepare(n));
-      std::vector<std::future<Result<ServeResponse>>> futures;
-      const auto start = Clock::now();
+      std::vector<ServeRequest> requests;
       for (uint32_t i = 0; i < f.requests; ++i) {
-        std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
-        futures.push_back(std::async(std::launch::async, [&, i] {
-          const double late = std::chrono::duration<double>(Clock::now() - start).count() - arrivals[i];
-          ServeRequest r;
-          r.id = i + 1;
-          r.prompt = prompt_of(i);
-          r.max_new_tokens = f.max_new;
-          r.slo_ms = f.slo_ms;
-          r.floor = f.floor;
-          auto out = node->Serve(r);
-          if (out.ok()) out->timings.first_token_s += late, out->timings.total_s += late;
-          return out;
-        }));
+        ServeRequest r = DriverRequest(f, i + 1, 0);
+        r.prompt = prompt_of(i);
+        requests.push_back(std::move(r));
       }
+      PoolNode* served = node.get();
+      std::vector<Result<ServeResponse>> answers =
+          DriveArrivals([served](const ServeRequest& r) { return served->Serve(r); }, requests, arrivals);
       Point p;
       p.gbps = gbps;
       p.policy = pol.name;
@@ -751,7 +929,7 @@ Status RunPoolMode(const E2eFlags& f) {
       std::vector<double> jct, ttft, hit_ttft;
       double q = 0, compute = 0, total = 0;
       uint32_t ok_slo = 0;
-      for (const ServeResponse& resp : Answers(futures, &p)) {
+      for (const ServeResponse& resp : Answers(answers, &p)) {
         const ServeResponse* r = &resp;
         const StageTimings& st = r->timings;
         jct.push_back(st.total_s * 1e3);
@@ -882,6 +1060,16 @@ void AddBenchE2eCommand(CLI::App& bench) {
   c->add_option("--calibration-tolerance", f->calibration_tolerance,
                 "how far (relative; 50 ms at least) a lone request may be from its prediction")
       ->capture_default_str()->check(InRange(0.001, 10));
+  c->add_option("--nodes", f->nodes,
+                "process: router, prefill and decode nodes as separate processes, each pinned to a core (pd default) | "
+                "inproc: both nodes in this process (pool default)")
+      ->check(CLI::IsMember({"process", "inproc"}));
+  c->add_option("--link", f->link,
+                "netns: a veth between two network namespaces shaped by the kernel (tc tbf; needs root) | shaper: a token "
+                "bucket in the sending process | auto: netns where allowed")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "netns", "shaper"}));
+  c->add_option("--cpus", f->cpus, "cores of the node processes: PREFILL,DECODE[,ROUTER] | auto (one each while cores last) | none")
+      ->capture_default_str();
   c->add_option("--inject-send-delay-ns", f->inject_send_delay_ns,
                 "test seam: extra sending time per byte, an overhead the calibration must catch (0: none)")
       ->capture_default_str()->check(InRange(0, 1e6));

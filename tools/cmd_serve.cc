@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "kvserve/profile.h"
 #include "kvserve/serve.h"
+#include "kvserve/testbed.h"
 #include "model_flags.h"
 #include "serve/wire.h"
 
@@ -248,6 +249,7 @@ struct PrefillFlags {
   std::vector<std::string> peers;
   double timeout_s = 30, assume_gbps = 10, shape_gbps = 0;
   uint32_t corrupt_every = 0;
+  double send_delay_ns = 0;  // test seam: the calibration must catch this overhead
   int threads = 1;
 };
 
@@ -258,7 +260,7 @@ Status RunPrefill(const PrefillFlags& f) {
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile, f.threads, log));
   std::unique_ptr<LinkShaper> shaper;
   if (f.shape_gbps > 0) shaper = std::make_unique<LinkShaper>(f.shape_gbps);
-  auto transport = MakeTcpTransport({.shaper = shaper.get()});
+  auto transport = MakeTcpTransport({.shaper = shaper.get(), .send_delay_s_per_byte = f.send_delay_ns * 1e-9});
   PrefillNodeOptions o;
   o.model = model.model.get();
   o.synthetic = model.synthetic.get();
@@ -401,15 +403,19 @@ Status ReceiveUntilEnd(Connection* c) {
 
 }  // namespace
 
-Result<LinkMeasurement> MeasureLink(Transport* transport, const std::string& connect, uint32_t mib) {
+Result<LinkMeasurement> MeasureLink(Transport* transport, const std::string& connect, uint32_t mib, const LinkEnds& ends) {
   LinkMeasurement m;
   m.target = connect;
   std::unique_ptr<Listener> listener;
   std::thread server;
   Status server_status;
   if (connect.empty()) {
-    KV_ASSIGN_OR_RETURN(listener, transport->Listen("127.0.0.1:0"));
-    m.target = "127.0.0.1:" + std::to_string(listener->port());
+    {
+      // A socket stays in the namespace it was made in; this thread returns to its own.
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<ScopedNetns> ns, ScopedNetns::Enter(ends.listen_netns));
+      KV_ASSIGN_OR_RETURN(listener, transport->Listen(ends.listen_ip + ":0"));
+    }
+    m.target = ends.listen_ip + ":" + std::to_string(listener->port());
     server = std::thread([&] {
       auto c = listener->Accept(DeadlineIn(30));
       server_status = c.ok() ? ReceiveUntilEnd(c.value().get()) : c.status();
@@ -419,6 +425,7 @@ Result<LinkMeasurement> MeasureLink(Transport* transport, const std::string& con
   m.bytes = uint64_t(mib) << 20;
   const ByteBuffer buf(chunk, 0x5a);
   Status st = [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<ScopedNetns> ns, ScopedNetns::Enter(ends.connect_netns));
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, transport->Connect(m.target, DeadlineIn(10)));
     const double t0 = NowSeconds();
     for (uint64_t sent = 0; sent < m.bytes; sent += chunk) KV_RETURN_IF_ERROR(c->Send(MessageKind::kFrame, buf, DeadlineIn(60)));
@@ -525,6 +532,8 @@ void AddServeCommands(CLI::App& app) {
         ->capture_default_str()->check(InRange(0, 1e4));
     c->add_option("--timeout", f->timeout_s, "seconds per request's transfer and reply")->capture_default_str()->check(InRange(0.01, 3600));
     c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
+    c->add_option("--inject-send-delay-ns", f->send_delay_ns, "test seam: extra sending time per byte (0: none)")
+        ->capture_default_str()->check(InRange(0, 1e6));
     c->add_option("--fault-corrupt-every", f->corrupt_every, "fault injection: corrupt every Nth frame sent (0: never)")
         ->capture_default_str()->check(InRange(0, 1e9));
     c->add_option("--log-level", f->log_level, "quiet | info (a JSON line per request) | debug")->capture_default_str()->check(levels);

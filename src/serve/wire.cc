@@ -6,6 +6,7 @@
 
 #include "kvserve/codec.h"
 #include "kvserve/serve.h"
+#include "kvserve/testbed.h"
 #include "serve/wire.h"
 
 namespace kvserve {
@@ -209,6 +210,54 @@ std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer
     j["text"] = text;  // byte tokens may cut a character: Dump replaces what is not UTF-8
   }
   return Dump(j);
+}
+
+// The driver's reading of a node's answer: what ServeResponseJson wrote (and the router's extra
+// field, ignored). A field of the wrong kind is kCorrupt naming it: a node that answers 200 with
+// something else is a broken node, not a bad request.
+Result<ServeResponse> ServeResponseFromJson(std::string_view body) {
+  auto parsed = ParseObject(body);
+  if (!parsed.ok()) return Status::Corrupt("answer: " + parsed.status().message());
+  const json& j = parsed.value();
+  auto fail = [](const Status& st) { return Status::Corrupt("answer: " + st.message()); };
+  ServeResponse r;
+  uint64_t id = 0, kv_bytes = 0, wire_bytes = 0, resent = 0;
+  const double kMaxWhole = 9007199254740991.0;
+  for (auto [key, out] : {std::pair{"id", &id}, {"kv_bytes", &kv_bytes}, {"wire_bytes", &wire_bytes}, {"resent_layers", &resent}}) {
+    if (!j.contains(key)) return Status::Corrupt(std::string("answer has no '") + key + "'");
+    if (Status st = WholeNumber(j, key, 0, kMaxWhole, out); !st.ok()) return fail(st);
+  }
+  r.id = id, r.kv_bytes = kv_bytes, r.wire_bytes = wire_bytes, r.resent_layers = uint32_t(resent);
+  for (auto [key, out] : {std::pair{"strategy", &r.strategy}, {"explanation", &r.explanation}, {"decode_node", &r.decode_node}}) {
+    if (j.contains(key) && !j[key].is_string()) return Status::Corrupt(std::string("answer: '") + key + "' is not a string");
+    if (j.contains(key)) *out = j[key].get<std::string>();
+  }
+  if (!j.contains("tokens") || !j["tokens"].is_array()) return Status::Corrupt("answer: 'tokens' is not an array");
+  for (const json& t : j["tokens"]) {
+    if (!t.is_number_integer()) return Status::Corrupt("answer: 'tokens' holds " + Dump(t) + ", not a token id");
+    r.tokens.push_back(t.get<int>());
+  }
+  if (!j.contains("timings_ms") || !j["timings_ms"].is_object()) return Status::Corrupt("answer has no 'timings_ms' object");
+  const json& t = j["timings_ms"];
+  StageTimings& st = r.timings;
+  for (auto [key, out] : {std::pair{"queue", &st.queue_s}, {"prefill", &st.prefill_s}, {"encode", &st.encode_s}, {"wire", &st.wire_s},
+                          {"decode", &st.decode_s}, {"transfer", &st.transfer_s}, {"generate", &st.generate_s},
+                          {"total", &st.total_s}, {"fetch", &st.fetch_s}, {"first_token", &st.first_token_s},
+                          {"store", &st.store_s}}) {
+    double ms = 0;
+    if (Status s = Number(t, key, 0, 1e12, &ms); !s.ok()) return fail(s);
+    *out = ms / 1e3;
+  }
+  if (j.contains("pool")) {
+    const json& p = j["pool"];
+    if (!p.is_object() || !p.contains("action") || !p["action"].is_string()) return Status::Corrupt("answer: 'pool' has no 'action'");
+    r.pool_action = p["action"].get<std::string>();
+    uint64_t cached = 0, stored = 0;
+    if (Status s = WholeNumber(p, "cached_tokens", 0, kMaxWhole, &cached); !s.ok()) return fail(s);
+    if (Status s = WholeNumber(p, "stored_bytes", 0, kMaxWhole, &stored); !s.ok()) return fail(s);
+    r.cached_tokens = uint32_t(cached), r.stored_bytes = stored;
+  }
+  return r;
 }
 
 // ---- Decode port messages --------------------------------------------------------------------

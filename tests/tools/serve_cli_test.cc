@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kvserve/testbed.h"
 #include "test_paths.h"
 #include "tools/cli_test_util.h"
 
@@ -324,6 +325,11 @@ TEST(ServeCli, EndToEndBenchmarkReportsMeasuredAndModelledPoints) {
   // Repeats: measured points twice (with intervals), modelled ones once; ratios paired by repeat;
   // the link ceiling read three times, the lowest deciding.
   EXPECT_EQ(j["repeats"], 2);
+  // Node processes by default; the kernel's link where this machine allows namespaces.
+  EXPECT_EQ(j["nodes"], "process");
+  EXPECT_TRUE(j["link"] == "netns" || j["link"] == "shaper") << j["link"];
+  EXPECT_FALSE(j["link_note"].get<std::string>().empty());
+  EXPECT_TRUE(j["codec"]["cores"].contains("decode")) << j["codec"].dump();
   EXPECT_EQ(j["codec"]["runs_on"], "host CPU");
   EXPECT_GT(j["codec"]["cores_on_machine"].get<int>(), 0);
   for (const json& p : j["points"]) {
@@ -403,13 +409,92 @@ TEST(ServeCli, CalibrationCatchesAnInjectedOverheadAndPassesWithoutIt) {
 // --quick shortens a run; it does not replace the bandwidths the user asked for.
 TEST(ServeCli, QuickKeepsTheBandwidthsItIsGiven) {
   auto r = kvserve::testing::Cli(
-      "bench e2e --quick --bandwidths 3 --requests 1 --prompt-tokens 64 --max-new 2 --static uniform8 --allow-uncalibrated --json "
-      "2>/dev/null", "", 300);
+      "bench e2e --quick --nodes inproc --bandwidths 3 --requests 1 --prompt-tokens 64 --max-new 2 --static uniform8 "
+      "--allow-uncalibrated --json 2>/dev/null", "", 300);
   ASSERT_EQ(r.code, 0) << r.out;
   const json j = JsonIn(r.out);
   ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["nodes"], "inproc");  // the fallback without processes still runs
+  EXPECT_EQ(j["link"], "shaper");
   ASSERT_FALSE(j["points"].empty());
   for (const json& p : j["points"]) EXPECT_EQ(p["gbps"].get<double>(), 3) << p.dump();
+}
+
+bool Exists(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// The process testbed: decode, prefill and router processes (in two namespaces joined by a
+// kernel-shaped veth where this machine allows, else on loopback with the prefill node's token
+// bucket) answer a request with the shape's bytes; when the decode node dies mid-run the next
+// request fails with an error (no hang), and Stop leaves no process and no namespace.
+TEST(ServeCli, ProcessTestbedStopsEveryProcessAndNamespaceAlsoWhenANodeDies) {
+  const std::string prefix = "kct" + std::to_string(::getpid() % 10000);
+  const std::string script = kvserve::SourceDir() + "/scripts/netns-link.sh";
+  kvserve::ProcessTestbedOptions o;
+  o.kvserve = KVSERVE_CLI;
+  o.kv_shape = "llama3-8b";
+  o.prepare_tokens = {64};
+  o.strategy = "quant(kbits=8,vbits=8)";
+  o.gbps = 2;
+  o.netns_script = script;
+  o.netns_prefix = prefix;
+  o.timeout_s = 20;
+  o.link = kvserve::NetnsLink::Up(script, prefix, 0).ok() ? "netns" : "shaper";
+  auto started = kvserve::ProcessTestbed::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  kvserve::ProcessTestbed& bed = *started.value();
+  const std::vector<pid_t> pids = bed.pids();
+  ASSERT_EQ(pids.size(), 3u);
+  for (pid_t p : pids) EXPECT_TRUE(Exists(p));
+  if (o.link == "netns") {
+    EXPECT_EQ(kvserve::NetnsWithPrefix(prefix).size(), 2u);
+    EXPECT_EQ(bed.decode()->address().rfind("10.77.0.2:", 0), 0u) << bed.decode()->address();
+  }
+  auto post = [&](int n_token) {
+    auto ns = kvserve::ScopedNetns::Enter(bed.client_netns());  // the router lives there
+    EXPECT_TRUE(ns.ok()) << ns.status().ToString();
+    return Post(bed.router_address(), json{{"tokens", std::vector<int>(n_token, 1)}, {"max_new_tokens", 2}}.dump());
+  };
+  Reply r = post(64);
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ(r.body["kv_bytes"].get<uint64_t>(), 64u * 131072u);
+  EXPECT_LT(r.body["wire_bytes"].get<uint64_t>(), 64u * 131072u * 6 / 10);  // 8-bit: half, and scales and headers
+  auto parsed = kvserve::ServeResponseFromJson(r.body.dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_GT(parsed->timings.wire_s, 0);
+  ::kill(bed.decode()->pid(), SIGKILL);
+  Reply after = post(64);
+  EXPECT_NE(after.status, 200) << after.body.dump();
+  EXPECT_FALSE(bed.decode()->Alive());
+  EXPECT_TRUE(bed.prefill()->Alive());  // the prefill node reports the loss; it does not crash
+  bed.Stop();
+  for (pid_t p : pids) EXPECT_FALSE(Exists(p)) << p;
+  EXPECT_TRUE(kvserve::NetnsWithPrefix(prefix).empty());
+}
+
+// Ctrl-C in the middle of a process-testbed run: exit 130, its node processes gone, its
+// namespaces removed. (A shape and GPU no other test runs, to find its processes by their flags.)
+TEST(ServeCli, BenchE2eStoppedByCtrlCLeavesNoProcessOrNamespace) {
+  const std::string dir = ::testing::TempDir() + "/ctrlc" + std::to_string(::getpid());
+  auto r = kvserve::testing::Shell(
+      "mkdir -p " + dir + " && cd " + dir + " && " + std::string(KVSERVE_CLI) +
+      " bench e2e --kv-shape qwen2.5-32b --gpu l40s --bandwidths 1 --requests 6 --repeats 3 --prompt-tokens 256 "
+      "--static uniform8 > out 2> err & pid=$!; for i in $(seq 1 600); do grep -q 'at 1 Gbit/s (measured' " + dir +
+      "/err && break; sleep 0.1; done; kill -INT $pid; wait $pid; echo rc=$?; echo prefix=kb$((pid % 100000))");
+  EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out << kvserve::testing::Shell("cat " + dir + "/err").out;
+  const size_t at = r.out.find("prefix=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string prefix = r.out.substr(at + 7, r.out.find('\n', at) - at - 7);
+  EXPECT_TRUE(kvserve::NetnsWithPrefix(prefix).empty()) << prefix;
+  std::string left;
+  // SIGKILL from the parent's death arrives within moments; the bracket keeps pgrep from
+  // finding the shell that runs it.
+  for (int i = 0; i < 50; ++i) {
+    left = kvserve::testing::Shell("pgrep -f 'kv-shape qwen2[.]5-32b --gpu l40s' || true").out;
+    if (left.empty()) break;
+    ::usleep(100000);
+  }
+  EXPECT_EQ(left, "") << "node processes left";
+  EXPECT_NE(kvserve::testing::Shell("cat " + dir + "/err").out.find("stopped by signal"), std::string::npos);
 }
 
 TEST(ServeCli, PoolNodeProcessFetchesTheSharedPrefixAndGivesLocalText) {

@@ -1,0 +1,167 @@
+// The serving testbed as separate machines: node processes of the kvserve CLI (router, prefill,
+// decode), each pinned to its own core, optionally in two network namespaces joined by a veth
+// the kernel shapes (tc tbf, scripts/netns-link.sh); and the driver that offers a request list
+// at its arrival times to whatever serves it (docs/SERVING.md, "The testbed").
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvserve/serve.h"
+
+namespace kvserve {
+
+// ---- The driver --------------------------------------------------------------------------------
+
+using ServeFn = std::function<Result<ServeResponse>(const ServeRequest&)>;
+
+// Offers requests[i] at arrivals_s[i] seconds from now (sorted), each on its own thread, and
+// returns the answers in order. A response's timings.total_s is the request's job completion time
+// from its scheduled arrival to the answer (a thread the driver starts a little late does not
+// shorten it); a first_token_s the node gave is moved by as much. The serve function runs on those threads; it may be called concurrently.
+std::vector<Result<ServeResponse>> DriveArrivals(const ServeFn& serve, const std::vector<ServeRequest>& requests,
+                                                 const std::vector<double>& arrivals_s);
+
+// A node's /generate answer (ServeResponseJson) back into a ServeResponse: ids, strategy,
+// byte counts, timings and the pool fields. Every field is checked (kCorrupt naming it).
+Result<ServeResponse> ServeResponseFromJson(std::string_view body);
+
+// ---- Processes and namespaces ---------------------------------------------------------------
+
+// Enters network namespace `name` (/var/run/netns/NAME, as `ip netns` makes them) for the calling
+// thread until destroyed, then returns it to the namespace it was in. Sockets made meanwhile stay
+// in `name`. Empty: stays where it is. Needs CAP_SYS_ADMIN.
+class ScopedNetns {
+ public:
+  static Result<std::unique_ptr<ScopedNetns>> Enter(const std::string& name);
+  ~ScopedNetns();
+  ScopedNetns(const ScopedNetns&) = delete;
+  ScopedNetns& operator=(const ScopedNetns&) = delete;
+
+ private:
+  ScopedNetns() = default;
+  int saved_fd_ = -1;
+};
+
+struct ChildSpec {
+  std::string name;               // for messages: "decode", "prefill", "router"
+  std::vector<std::string> argv;  // argv[0]: the executable's path
+  int cpu = -1;                   // pinned to this core (-1: not pinned)
+  std::string netns;              // started in this network namespace ("": this one)
+  double ready_timeout_s = 120;   // until it prints "listening on HOST:PORT"
+};
+
+// A node process. Start returns once the child printed "... listening on HOST:PORT" on stdout
+// (its stderr is the caller's). The child gets SIGKILL if the thread that started it exits
+// (PR_SET_PDEATHSIG), so start children from a thread that outlives them (the main thread).
+class ChildProcess {
+ public:
+  static Result<std::unique_ptr<ChildProcess>> Start(const ChildSpec& spec);
+  ~ChildProcess();  // Stop()
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  const std::string& name() const { return spec_.name; }
+  const std::string& address() const { return address_; }  // HOST:PORT it printed
+  pid_t pid() const { return pid_; }
+  int cpu() const { return spec_.cpu; }
+  // Whether it still runs (reaps it when it has ended).
+  bool Alive();
+  // SIGTERM, SIGKILL after `grace_s`, reaped. Idempotent and safe from any thread.
+  void Stop(double grace_s = 5);
+
+ private:
+  ChildProcess() = default;
+  ChildSpec spec_;
+  std::string address_;
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::thread drain_;  // reads the child's stdout after the ready line, so it never blocks
+  std::mutex mu_;
+  bool reaped_ = false;
+};
+
+// Two network namespaces PREFIX-a (10.77.0.1) and PREFIX-b (10.77.0.2) joined by a veth pair
+// whose ends the kernel shapes to `gbps` (tbf; 0: not rate-shaped, what the veth carries), made
+// and removed by scripts/netns-link.sh.
+class NetnsLink {
+ public:
+  static constexpr const char* kSenderIp = "10.77.0.1";
+  static constexpr const char* kReceiverIp = "10.77.0.2";
+  // Exit code 77 of the script (no privilege, or no way to enter a namespace) is kUnavailable
+  // with its reason; any other failure kIoError. A link of this prefix left by a killed run is
+  // replaced.
+  static Result<std::unique_ptr<NetnsLink>> Up(const std::string& script, const std::string& prefix, double gbps);
+  ~NetnsLink();  // Down()
+  NetnsLink(const NetnsLink&) = delete;
+  NetnsLink& operator=(const NetnsLink&) = delete;
+  std::string sender() const { return prefix_ + "-a"; }
+  std::string receiver() const { return prefix_ + "-b"; }
+  double gbps() const { return gbps_; }
+  // Removes both namespaces (and so the veth). Idempotent and safe from any thread.
+  void Down();
+  // The same for a link this object does not hold (one a run was making when it was stopped).
+  static void Remove(const std::string& script, const std::string& prefix);
+
+ private:
+  NetnsLink() = default;
+  std::string script_, prefix_;
+  double gbps_ = 0;
+  std::mutex mu_;
+  bool up_ = false;
+};
+
+// Which namespaces exist whose names start with `prefix` + "-" (`ip netns list`).
+std::vector<std::string> NetnsWithPrefix(const std::string& prefix);
+
+// ---- The process testbed ----------------------------------------------------------------------
+
+struct ProcessTestbedOptions {
+  std::string kvserve;  // the CLI binary the nodes run
+  std::string kv_shape = "llama3-8b", gpu = "h100";
+  std::vector<uint32_t> prepare_tokens;  // prompt lengths the prefill node synthesizes at start
+  std::string profile;                   // the prefill node's controller; empty: `strategy`
+  std::string strategy = "none";
+  double gbps = 10;  // link rate: the kernel's (netns) or the prefill node's token bucket (shaper)
+  std::string link = "shaper";  // shaper | netns
+  std::string netns_script;     // scripts/netns-link.sh (link netns)
+  std::string netns_prefix = "kvb";
+  int threads = 1;  // codec threads per node
+  int cpu_prefill = -1, cpu_decode = -1, cpu_router = -1;
+  double timeout_s = 600;
+  double send_delay_ns = 0;  // test seam: the prefill node's extra sending time per byte
+};
+
+// A decode node, a prefill node and a router as processes, started in that order (each given the
+// address the previous printed); with link netns the decode node runs in the link's receiver
+// namespace and the prefill node and router in its sender namespace, so KV crosses the shaped
+// veth. Requests go to the router's HTTP /generate; a client must be in client_netns() to
+// reach it. Stop (or destruction) stops every process and removes the namespaces, whatever
+// state they are in.
+class ProcessTestbed {
+ public:
+  static Result<std::unique_ptr<ProcessTestbed>> Start(const ProcessTestbedOptions& o);
+  ~ProcessTestbed();  // Stop()
+  const std::string& router_address() const { return router_->address(); }
+  std::string client_netns() const { return link_ ? link_->sender() : ""; }
+  ChildProcess* decode() { return decode_.get(); }
+  ChildProcess* prefill() { return prefill_.get(); }
+  ChildProcess* router() { return router_.get(); }
+  std::vector<pid_t> pids() const;
+  // Every process stopped and reaped, the namespaces removed. Idempotent; safe from another
+  // thread (a signal handler's thread) while requests are in flight.
+  void Stop();
+
+ private:
+  ProcessTestbed() = default;
+  std::unique_ptr<NetnsLink> link_;
+  std::unique_ptr<ChildProcess> decode_, prefill_, router_;
+};
+
+}  // namespace kvserve
