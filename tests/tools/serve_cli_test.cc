@@ -11,8 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -422,6 +426,22 @@ TEST(ServeCli, QuickKeepsTheBandwidthsItIsGiven) {
 
 bool Exists(pid_t pid) { return ::kill(pid, 0) == 0; }
 
+// The processes whose arguments hold every one of `words` (read from /proc, no procps needed).
+std::vector<pid_t> ProcessesWith(const std::vector<std::string>& words) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline", std::ios::binary);
+    std::string args((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(args.begin(), args.end(), '\0', ' ');
+    bool all = !args.empty();
+    for (const std::string& w : words) all = all && args.find(" " + w + " ") != std::string::npos;
+    if (all) out.push_back(pid_t(std::stol(name)));
+  }
+  return out;
+}
+
 // The process testbed: decode, prefill and router processes (in two namespaces joined by a
 // kernel-shaped veth where this machine allows, else on loopback with the prefill node's token
 // bucket) answer a request with the shape's bytes; when the decode node dies mid-run the next
@@ -485,15 +505,14 @@ TEST(ServeCli, BenchE2eStoppedByCtrlCLeavesNoProcessOrNamespace) {
   ASSERT_NE(at, std::string::npos) << r.out;
   const std::string prefix = r.out.substr(at + 7, r.out.find('\n', at) - at - 7);
   EXPECT_TRUE(kvserve::NetnsWithPrefix(prefix).empty()) << prefix;
-  std::string left;
-  // SIGKILL from the parent's death arrives within moments; the bracket keeps pgrep from
-  // finding the shell that runs it.
+  // SIGKILL from the parent's death arrives within moments.
+  std::vector<pid_t> left;
   for (int i = 0; i < 50; ++i) {
-    left = kvserve::testing::Shell("pgrep -f 'kv-shape qwen2[.]5-32b --gpu l40s' || true").out;
+    left = ProcessesWith({"qwen2.5-32b", "l40s"});
     if (left.empty()) break;
     ::usleep(100000);
   }
-  EXPECT_EQ(left, "") << "node processes left";
+  EXPECT_TRUE(left.empty()) << left.size() << " node processes left, the first " << left[0];
   EXPECT_NE(kvserve::testing::Shell("cat " + dir + "/err").out.find("stopped by signal"), std::string::npos);
 }
 
