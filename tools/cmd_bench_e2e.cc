@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -18,6 +17,7 @@
 #include "cli.h"
 #include "control/simulator.h"
 #include "kvserve/calibration.h"
+#include "kvserve/e2e_bench.h"
 #include "kvserve/file.h"
 #include "kvserve/profile.h"
 #include "kvserve/serve.h"
@@ -28,6 +28,8 @@ namespace kvserve::cli {
 namespace {
 
 using json = nlohmann::json;
+using Policy = E2ePolicy;
+using Point = E2ePoint;
 
 struct E2eFlags {
   std::string mode = "pd", kv_shape = "llama3-8b", gpu = "h100", arrival = "poisson", workload;
@@ -48,6 +50,10 @@ struct E2eFlags {
   // Where the nodes run: "process" (each its own process, pinned) or "inproc"; the link: the
   // kernel's (netns), the in-process token bucket (shaper), or auto (netns where allowed).
   std::string nodes, link = "auto", cpus = "auto";
+  // Measured capacity at this bandwidth (0: none): requests per run, search steps.
+  double capacity_gbps = 0;
+  uint32_t capacity_requests = 24;
+  int capacity_steps = 4;
   // Resolved from them at the start of a run.
   std::string link_used, link_note, kvserve_exe;
   int cpu_prefill = -1, cpu_decode = -1, cpu_router = -1;
@@ -58,85 +64,8 @@ struct E2eFlags {
   uint64_t pool_capacity_mib = 8192;
 };
 
-struct Policy {
-  std::string name;  // "none", "adaptive", "static:NAME"
-  std::string spec;  // fixed strategy ("" for adaptive)
-  double quality = 1, ratio = 1, encode_gbps = 0, decode_gbps = 0;
-};
-
-struct Point {
-  double gbps = 0;
-  std::string policy;
-  bool measured = true;
-  double mean_ms = 0, p50_ms = 0, p99_ms = 0, ttft_p99_ms = 0, slo_attainment = 0, goodput = 0, quality = 1;
-  double wire_bytes = 0, compute_share = 0, capacity_rps = 0;
-  bool valid = true;  // its policy's lone request on this link took what its parts predict
-  // Over repeats: the half-widths of the 95% intervals of mean, P50, P99 JCT and P99 TTFT (each
-  // figure above is the mean of the repeats' figures), and none's mean over this one's.
-  uint32_t repeats = 1;
-  double mean_ci = 0, p50_ci = 0, p99_ci = 0, ttft_p99_ci = 0;
-  MeanCi vs_none;
-  std::vector<double> repeat_means;
-  uint32_t floor_violations = 0, errors = 0;
-  std::map<std::string, uint32_t> choices;
-  // --mode pool
-  double hit_rate = 0, hit_ttft_mean_ms = 0, hit_ttft_p99_ms = 0, ttft_mean_ms = 0;
-};
-
-// The answered requests of a point, in order; failed ones are counted in p->errors and said on stderr.
-std::vector<ServeResponse> Answers(std::vector<Result<ServeResponse>>& answers, Point* p) {
-  std::vector<ServeResponse> out;
-  for (auto& r : answers) {
-    if (!r.ok()) {
-      p->errors++;
-      std::fprintf(stderr, "bench e2e: %s\n", r.status().ToString().c_str());
-      continue;
-    }
-    out.push_back(std::move(r).value());
-  }
-  return out;
-}
-
 // This run's namespaces: kb<pid>-a and kb<pid>-b (short enough for the veth names).
 std::string NetnsPrefix() { return "kb" + std::to_string(::getpid() % 100000); }
-
-// One measured link: a decode node and a prefill node of the synthetic model over TCP shaped to
-// `gbps` in process; the prefill node runs the profile's controller, or `strategy` without one.
-struct Testbed {
-  Testbed(double gbps, double send_delay_s_per_byte)
-      : shaper(gbps), transport(MakeTcpTransport({.shaper = &shaper, .send_delay_s_per_byte = send_delay_s_per_byte})) {}
-  ~Testbed() {
-    if (decode) decode->Stop();
-  }
-  static Result<std::unique_ptr<Testbed>> Start(const E2eFlags& f, const SyntheticModel& sm, double gbps,
-                                                const Profile* profile, const std::string& strategy) {
-    auto t = std::make_unique<Testbed>(gbps, f.inject_send_delay_ns * 1e-9);
-    DecodeNodeOptions d;
-    d.synthetic = &sm;
-    d.request_timeout_s = 600;
-    t->decode = std::make_unique<DecodeNode>(t->transport.get(), d);
-    KV_RETURN_IF_ERROR(t->decode->Start("127.0.0.1:0"));
-    PrefillNodeOptions o;
-    o.synthetic = &sm;
-    o.decode_peers = {"127.0.0.1:" + std::to_string(t->decode->port())};
-    o.profile = profile;
-    o.strategy = strategy;
-    o.assume_gbps = gbps;  // what a probe of the link would say before the first transfer
-    o.request_timeout_s = 600;
-    o.pool = Pool(f.threads);
-    KV_ASSIGN_OR_RETURN(t->prefill, PrefillNode::Create(t->transport.get(), o));
-    return t;
-  }
-  // The testbed of a policy: the profile's controller for adaptive, else its fixed strategy.
-  static Result<std::unique_ptr<Testbed>> For(const E2eFlags& f, const SyntheticModel& sm, double gbps, const Profile& profile,
-                                              const Policy& pol) {
-    return Start(f, sm, gbps, pol.spec.empty() ? &profile : nullptr, pol.spec.empty() ? "none" : pol.spec);
-  }
-  LinkShaper shaper;
-  std::unique_ptr<Transport> transport;
-  std::unique_ptr<DecodeNode> decode;
-  std::unique_ptr<PrefillNode> prefill;
-};
 
 // ---- The process testbed's Ctrl-C: a thread waits for SIGINT/SIGTERM, stops the live testbed
 // (its processes and namespaces) and exits 130. Started before any other thread, so every thread
@@ -185,169 +114,35 @@ ServeFn RouterClient(const std::string& address, const std::string& netns, doubl
   };
 }
 
-// The nodes of one measured run, as the flags say: in this process or as processes (each pinned
-// to its core, the link the kernel's or the prefill node's token bucket), behind one serve
-// function. `prompts`: the lengths whose synthetic KV is made before the clock starts.
-struct Bed {
-  std::unique_ptr<Testbed> inproc;
-  std::unique_ptr<ProcessTestbed> procs;
-  ServeFn serve;
-  ~Bed() {
-    std::lock_guard<std::mutex> lock(g_live_mu);  // a signal now finds it stopped or still live, never half-freed
-    if (g_live == procs.get()) g_live = nullptr;
-    procs.reset();
-  }
-  static Result<std::unique_ptr<Bed>> Start(const E2eFlags& f, const SyntheticModel& sm, double gbps, const Profile* profile,
-                                            const std::string& strategy, std::vector<uint32_t> prompts) {
-    std::sort(prompts.begin(), prompts.end());
-    prompts.erase(std::unique(prompts.begin(), prompts.end()), prompts.end());
-    auto bed = std::make_unique<Bed>();
-    if (f.nodes == "inproc") {
-      KV_ASSIGN_OR_RETURN(bed->inproc, Testbed::Start(f, sm, gbps, profile, strategy));
-      for (uint32_t n : prompts) KV_RETURN_IF_ERROR(bed->inproc->prefill->Prepare(n));
-      PrefillNode* node = bed->inproc->prefill.get();
-      bed->serve = [node](const ServeRequest& r) { return node->Serve(r); };
-      return bed;
-    }
-    ProcessTestbedOptions o;
-    o.kvserve = f.kvserve_exe;
-    o.kv_shape = f.kv_shape;
-    o.gpu = f.gpu;
-    o.prepare_tokens = prompts;
-    if (profile != nullptr) o.profile = f.profile;
-    o.strategy = strategy;
-    o.gbps = gbps;
-    o.link = f.link_used;
-    o.netns_script = SourceDir() + "/scripts/netns-link.sh";
-    o.netns_prefix = NetnsPrefix();
-    o.threads = f.threads;
-    o.cpu_prefill = f.cpu_prefill, o.cpu_decode = f.cpu_decode, o.cpu_router = f.cpu_router;
-    o.send_delay_ns = f.inject_send_delay_ns;
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<ProcessTestbed> t, ProcessTestbed::Start(o));
-    bed->serve = RouterClient(t->router_address(), t->client_netns(), 600);
+// What every run of this benchmark shares, from the flags (resolved) and what they loaded.
+E2eSetup SetupOf(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile) {
+  E2eSetup s;
+  s.model = &sm;
+  s.profile = &profile;
+  s.profile_path = f.profile;
+  s.max_new = f.max_new;
+  s.slo_ms = f.slo_ms;
+  s.floor = f.floor;
+  s.threads = f.threads;
+  s.pool = Pool(f.threads);
+  s.nodes = f.nodes;
+  s.link = f.link_used;
+  s.kvserve_exe = f.kvserve_exe;
+  s.netns_script = SourceDir() + "/scripts/netns-link.sh";
+  s.netns_prefix = NetnsPrefix();
+  s.cpu_prefill = f.cpu_prefill, s.cpu_decode = f.cpu_decode, s.cpu_router = f.cpu_router;
+  s.send_delay_ns = f.inject_send_delay_ns;
+  s.router_client = [](const std::string& address, const std::string& netns) { return RouterClient(address, netns, 600); };
+  s.on_live = [](ProcessTestbed* t) {
     std::lock_guard<std::mutex> lock(g_live_mu);
-    bed->procs = std::move(t);
-    g_live = bed->procs.get();
-    return bed;
-  }
-  // The bed of a policy: the profile's controller for adaptive, else its fixed strategy.
-  static Result<std::unique_ptr<Bed>> For(const E2eFlags& f, const SyntheticModel& sm, double gbps, const Profile& profile,
-                                          const Policy& pol, const std::vector<uint32_t>& prompts) {
-    return Start(f, sm, gbps, pol.spec.empty() ? &profile : nullptr, pol.spec.empty() ? "none" : pol.spec, prompts);
-  }
-};
-
-// The driver's request `id`: a prompt of n_token tokens and the flags' generation, SLO and floor.
-ServeRequest DriverRequest(const E2eFlags& f, uint64_t id, uint32_t n_token) {
-  ServeRequest r;
-  r.id = id;
-  r.prompt.assign(n_token, 1);
-  r.max_new_tokens = f.max_new;
-  r.slo_ms = f.slo_ms;
-  r.floor = f.floor;
-  return r;
+    g_live = t;
+  };
+  return s;
 }
 
-// Measured: every request through the real nodes, on a link shaped to `gbps` in process.
-Result<Point> RunMeasured(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
-                          const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Bed> bed, Bed::For(f, sm, gbps, profile, pol, prompts));
-  std::map<std::string, double> quality_of;
-  for (const ProfileEntry& e : profile.pareto) quality_of[e.spec] = e.quality;
-  std::vector<ServeRequest> requests;
-  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(DriverRequest(f, i + 1, prompts[i]));
-  // JCT from each scheduled arrival to the answer, at the client.
-  std::vector<Result<ServeResponse>> answers = DriveArrivals(bed->serve, requests, arrivals);
-  Point p;
-  p.gbps = gbps;
-  p.policy = pol.name;
-  std::vector<double> jct, ttft;
-  double compute = 0, total = 0, q = 0;
-  uint32_t ok_slo = 0;
-  for (const ServeResponse& resp : Answers(answers, &p)) {
-    const ServeResponse* r = &resp;
-    const StageTimings& t = r->timings;
-    jct.push_back(t.total_s * 1e3);
-    const double first = (t.total_s - t.generate_s) * 1e3;  // KV ready at the decode node
-    ttft.push_back(first);
-    ok_slo += first <= f.slo_ms;
-    compute += t.prefill_s + t.generate_s;
-    total += t.total_s;
-    p.wire_bytes += double(r->wire_bytes);
-    const double rq = r->strategy == "none" ? 1.0 : pol.spec.empty() ? quality_of[r->strategy] : pol.quality;
-    q += rq;
-    p.floor_violations += rq < f.floor;
-    p.choices[r->strategy == "none" ? "none" : ShortSpec(r->strategy)]++;
-  }
-  bed.reset();
-  if (jct.empty()) return Status::Unavailable("every request of " + pol.name + " at " + json(gbps).dump() + " Gbit/s failed");
-  double sum = 0;
-  for (double v : jct) sum += v;
-  p.mean_ms = sum / jct.size();
-  p.p50_ms = Percentile(jct, 0.5);
-  p.p99_ms = Percentile(jct, 0.99);
-  p.ttft_p99_ms = Percentile(ttft, 0.99);
-  p.slo_attainment = double(ok_slo) / prompts.size();
-  const double span = arrivals.back() + p.mean_ms / 1e3;
-  p.goodput = ok_slo / std::max(1e-9, span);
-  p.quality = q / jct.size();
-  p.compute_share = compute / std::max(1e-12, total);
-  return p;
-}
-
-// One point from its repeats: each figure the mean of the repeats' (counts summed), with the 95%
-// intervals of the JCT and TTFT figures.
-Point Aggregate(const std::vector<Point>& reps) {
-  Point a = reps.front();
-  a.repeats = uint32_t(reps.size());
-  std::vector<double> mean, p50, p99, ttft;
-  a.slo_attainment = a.goodput = a.quality = a.wire_bytes = a.compute_share = 0;
-  a.floor_violations = a.errors = 0;
-  a.choices.clear();
-  for (const Point& r : reps) {
-    mean.push_back(r.mean_ms), p50.push_back(r.p50_ms), p99.push_back(r.p99_ms), ttft.push_back(r.ttft_p99_ms);
-    a.slo_attainment += r.slo_attainment / reps.size();
-    a.goodput += r.goodput / reps.size();
-    a.quality += r.quality / reps.size();
-    a.wire_bytes += r.wire_bytes / reps.size();
-    a.compute_share += r.compute_share / reps.size();
-    a.floor_violations += r.floor_violations;
-    a.errors += r.errors;
-    for (const auto& [k, v] : r.choices) a.choices[k] += v;
-  }
-  const MeanCi m = MeanCi95(mean), q50 = MeanCi95(p50), q99 = MeanCi95(p99), t99 = MeanCi95(ttft);
-  a.mean_ms = m.mean, a.mean_ci = m.half_width;
-  a.p50_ms = q50.mean, a.p50_ci = q50.half_width;
-  a.p99_ms = q99.mean, a.p99_ci = q99.half_width;
-  a.ttft_p99_ms = t99.mean, a.ttft_p99_ci = t99.half_width;
-  a.repeat_means = mean;
-  return a;
-}
-
-// Per-repeat ratios of two points' mean JCTs (num / den), paired by repeat: their mean and 95%
-// interval.
-MeanCi RatioOfMeans(const Point& num, const Point& den) {
-  std::vector<double> r;
-  for (size_t i = 0; i < std::min(num.repeat_means.size(), den.repeat_means.size()); ++i)
-    if (den.repeat_means[i] > 0) r.push_back(num.repeat_means[i] / den.repeat_means[i]);
-  return MeanCi95(r);
-}
+void SayError(const Status& st) { std::fprintf(stderr, "bench e2e: %s\n", st.ToString().c_str()); }
 
 json CiJson(const MeanCi& m) { return {{"mean", m.mean}, {"ci95", m.half_width}, {"n", m.n}}; }
-
-// Calibration: each policy's request alone on a measured link, against what its parts predict
-// (kvserve/calibration.h). Points of a policy whose lone request is off are marked invalid.
-Result<LoneRequestCheck> Calibrate(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol,
-                                   double gbps, uint32_t prompt_tokens) {
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Bed> bed, Bed::For(f, sm, gbps, profile, pol, {prompt_tokens}));
-  // Measured at the client, as the points are: with node processes, HTTP and the router count.
-  std::vector<Result<ServeResponse>> answer = DriveArrivals(bed->serve, {DriverRequest(f, 1, prompt_tokens)}, {0.0});
-  KV_RETURN_IF_ERROR(answer[0].status());
-  const ServeResponse& out = answer[0].value();
-  LoneRequestCheck c = CheckLoneRequest(out, sm, gbps, prompt_tokens, f.max_new, {.relative = f.calibration_tolerance});
-  c.policy = pol.name;
-  return c;
-}
 
 json CalibrationJson(const LoneRequestCheck& c) {
   json stages = json::object();
@@ -357,90 +152,6 @@ json CalibrationJson(const LoneRequestCheck& c) {
             {"stages", stages}, {"valid", c.valid}};
   if (!c.valid) j["fault"] = c.fault;
   return j;
-}
-
-// Modelled: the simulator's prediction from the measured stage speeds, for links above what
-// this machine carries.
-// The simulator's replay of `pol` on a steady link, from the stage speeds measured on this
-// machine (the profile's, or the strategy table's); latencies are arrival to KV decoded.
-// The strategies the simulator gives `pol`: the profile's for adaptive, its own for a static one.
-std::vector<StrategyCost> PolicyCosts(const Profile& profile, const Policy& pol) {
-  if (pol.name == "adaptive") return StrategiesFromProfile(profile);
-  if (pol.name == "none") return {};
-  return {{pol.spec, pol.name, pol.quality, pol.ratio, pol.encode_gbps * 1e9, pol.decode_gbps * 1e9}};
-}
-
-Result<PolicyReport> SimulatePolicy(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol,
-                                    double gbps, const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
-  const std::vector<StrategyCost> costs = PolicyCosts(profile, pol);
-  const std::string policy = pol.name == "adaptive" || pol.name == "none" ? pol.name : "static:" + pol.spec;
-  std::vector<WorkloadRequest> w;
-  for (size_t i = 0; i < prompts.size(); ++i) w.push_back({arrivals[i], prompts[i], "", f.slo_ms, f.floor});
-  SimOptions o;
-  o.kv_bytes_per_token = double(sm.kv_bytes_per_token());
-  o.prefill_tokens_per_second = sm.prefill_tokens_per_second;
-  o.codec_threads = f.threads;
-  o.controller.pipelined = true;
-  o.controller.n_layer = sm.n_layer;
-  return Simulate(costs, {{0, gbps}}, w, policy, o);
-}
-
-// Capacity: the highest Poisson rate (requests/s) at which P99 TTFT stays within the SLO, by
-// bisection on a log scale over 200 simulated requests (modelled, as the label says).
-Result<double> ModelledCapacity(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol,
-                                double gbps, uint32_t prompt_tokens) {
-  const std::vector<uint32_t> prompts(200, prompt_tokens);
-  auto meets = [&](double rate) -> Result<bool> {
-    std::mt19937_64 rng(f.seed + 17);
-    std::exponential_distribution<double> gap(rate);
-    std::vector<double> arrivals;
-    double t = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) arrivals.push_back(t), t += gap(rng);
-    KV_ASSIGN_OR_RETURN(PolicyReport rep, SimulatePolicy(f, sm, profile, pol, gbps, prompts, arrivals));
-    return rep.p99_ms <= f.slo_ms;
-  };
-  double lo = 1e-3, hi = 1e4;
-  KV_ASSIGN_OR_RETURN(bool any, meets(lo));
-  if (!any) return 0.0;
-  for (int i = 0; i < 30; ++i) {
-    const double mid = std::sqrt(lo * hi);
-    KV_ASSIGN_OR_RETURN(bool ok, meets(mid));
-    (ok ? lo : hi) = mid;
-  }
-  return lo;
-}
-
-Result<Point> RunModelled(const E2eFlags& f, const SyntheticModel& sm, const Profile& profile, const Policy& pol, double gbps,
-                          const std::vector<uint32_t>& prompts, const std::vector<double>& arrivals) {
-  KV_ASSIGN_OR_RETURN(PolicyReport rep, SimulatePolicy(f, sm, profile, pol, gbps, prompts, arrivals));
-  const std::vector<StrategyCost> costs = PolicyCosts(profile, pol);
-  Point p;
-  p.gbps = gbps;
-  p.policy = pol.name;
-  p.measured = false;
-  const double gen_ms = (f.max_new - 1) / sm.decode_tokens_per_second * 1e3;
-  std::vector<double> jct;
-  for (double v : rep.latencies_ms) jct.push_back(v + gen_ms);
-  double sum = 0;
-  for (double v : jct) sum += v;
-  p.mean_ms = sum / jct.size();
-  p.p50_ms = Percentile(jct, 0.5);
-  p.p99_ms = Percentile(jct, 0.99);
-  p.ttft_p99_ms = rep.p99_ms;
-  uint32_t ok = 0;
-  for (double v : rep.latencies_ms) ok += v <= f.slo_ms;
-  p.slo_attainment = double(ok) / jct.size();
-  p.goodput = ok / std::max(1e-9, arrivals.back() + p.mean_ms / 1e3);
-  std::map<std::string, double> quality_of = {{"none", 1.0}};
-  for (const StrategyCost& c : costs) quality_of[c.name] = c.quality;
-  double q = 0;
-  for (const auto& [name, count] : rep.choices) {
-    p.choices[name] = count;
-    q += quality_of.count(name) ? quality_of[name] * count : count;
-  }
-  p.quality = q / jct.size();
-  p.floor_violations = rep.floor_violations;
-  return p;
 }
 
 // `what` names the plotted figure (each point's mean_ms); hollow points are modelled.
@@ -672,9 +383,9 @@ Status RunE2e(E2eFlags f) {
   KV_ASSIGN_OR_RETURN(SyntheticModel sm, ModelOf(f));
   KV_ASSIGN_OR_RETURN(Profile profile, LoadProfile(f.profile));
   KV_ASSIGN_OR_RETURN(std::vector<Policy> policies, LoadPolicies(f));
+  const E2eSetup setup = SetupOf(f, sm, profile);
   // Prompts: fixed, or drawn from a workload file's lengths; arrivals at the rate that puts the
   // uncompressed link at the offered load.
-  std::mt19937_64 rng(f.seed);
   std::vector<uint32_t> prompts;
   if (!f.workload.empty()) {
     KV_ASSIGN_OR_RETURN(std::vector<WorkloadRequest> w, LoadWorkload(f.workload));
@@ -688,6 +399,15 @@ Status RunE2e(E2eFlags f) {
   // The link ceiling of this machine, measured now with the same transport.
   KV_ASSIGN_OR_RETURN(std::vector<double> readings, LinkCeilingReadings(f));
   const double ceiling = *std::min_element(readings.begin(), readings.end());
+  if (f.capacity_gbps > 0) {
+    if (std::find(f.bandwidths.begin(), f.bandwidths.end(), f.capacity_gbps) == f.bandwidths.end()) {
+      return Status::InvalidArgument("--capacity-gbps " + json(f.capacity_gbps).dump() + " is not one of --bandwidths");
+    }
+    if (f.capacity_gbps > 0.9 * ceiling) {
+      return Status::InvalidArgument("--capacity-gbps " + json(f.capacity_gbps).dump() + " is above 90% of this link's ceiling (" +
+                                     json(ceiling).dump() + " Gbit/s): capacity is measured, not modelled");
+    }
+  }
   std::vector<Point> points;
   json ratios = json::array();
   json pipelining;
@@ -697,7 +417,8 @@ Status RunE2e(E2eFlags f) {
     if (gbps > 0.9 * ceiling) continue;
     for (const Policy& pol : policies) {
       if (StderrIsTerminal() || !f.as_json) std::fprintf(stderr, "bench e2e: calibrating %s at %g Gbit/s...\n", pol.name.c_str(), gbps);
-      KV_ASSIGN_OR_RETURN(LoneRequestCheck c, Calibrate(f, sm, profile, pol, gbps, prompts[0]));
+      KV_ASSIGN_OR_RETURN(LoneRequestCheck c,
+                          CalibratePolicy(setup, pol, gbps, prompts[0], {.relative = f.calibration_tolerance}));
       checks.push_back(std::move(c));
     }
   }
@@ -706,15 +427,10 @@ Status RunE2e(E2eFlags f) {
       if (c.gbps == gbps && c.policy == policy) return c.valid;
     return true;  // modelled points: the simulator's, checked against the measured ones above
   };
-  for (double gbps : f.bandwidths) {
+  for (size_t b = 0; b < f.bandwidths.size(); ++b) {
+    const double gbps = f.bandwidths[b];
     const double rate = f.arrival == "burst" ? 0 : f.load * gbps * 1e9 / 8 / (mean_tokens * sm.kv_bytes_per_token());
-    std::vector<double> arrivals;
-    double t = 0;
-    std::exponential_distribution<double> gap(rate > 0 ? rate : 1);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      arrivals.push_back(t);
-      if (rate > 0) t += gap(rng);
-    }
+    const std::vector<double> arrivals = PoissonArrivals(rate, prompts.size(), f.seed + b);
     const bool measured = gbps <= 0.9 * ceiling;
     // Repeats with fresh nodes, the policies in a rotating order, so a slow spell of the machine
     // falls on each policy in turn; the same arrivals for every repeat and policy (paired). The
@@ -728,16 +444,16 @@ Status RunE2e(E2eFlags f) {
           std::fprintf(stderr, "bench e2e: %s at %g Gbit/s (%s, repeat %u of %u)...\n", pol.name.c_str(), gbps,
                        measured ? "measured" : "modelled", r + 1, repeats);
         }
-        auto p = measured ? RunMeasured(f, sm, profile, pol, gbps, prompts, arrivals)
-                          : RunModelled(f, sm, profile, pol, gbps, prompts, arrivals);
+        auto p = measured ? RunMeasuredPoint(setup, pol, gbps, prompts, arrivals, SayError)
+                          : RunModelledPoint(setup, pol, gbps, prompts, arrivals);
         KV_RETURN_IF_ERROR(p.status());
         reps[pol.name].push_back(std::move(p).value());
       }
     }
     const size_t first = points.size();
     for (const Policy& pol : policies) {
-      Point p = Aggregate(reps[pol.name]);
-      KV_ASSIGN_OR_RETURN(p.capacity_rps, ModelledCapacity(f, sm, profile, pol, gbps, uint32_t(std::lround(mean_tokens))));
+      Point p = AggregateRepeats(reps[pol.name]);
+      KV_ASSIGN_OR_RETURN(p.capacity_rps, ModelledCapacity(setup, pol, gbps, uint32_t(std::lround(mean_tokens)), f.seed + 17));
       p.valid = calibrated(gbps, pol.name);
       points.push_back(std::move(p));
     }
@@ -752,27 +468,60 @@ Status RunE2e(E2eFlags f) {
       if (p.policy == "adaptive") adaptive = &p;
       if (p.policy.rfind("static:", 0) == 0 && (best == nullptr || p.mean_ms < best->mean_ms)) best = &p;
     }
-    for (size_t i = first; none && i < points.size(); ++i) points[i].vs_none = RatioOfMeans(*none, points[i]);
+    for (size_t i = first; none && i < points.size(); ++i) points[i].vs_none = PairedRatio(*none, points[i]);
     if (none && adaptive) {
-      json r = {{"gbps", gbps}, {"measured", measured}, {"none_over_adaptive", CiJson(RatioOfMeans(*none, *adaptive))}};
-      if (best) r["best_static"] = best->policy, r["best_static_over_adaptive"] = CiJson(RatioOfMeans(*best, *adaptive));
+      json r = {{"gbps", gbps}, {"measured", measured}, {"none_over_adaptive", CiJson(PairedRatio(*none, *adaptive))}};
+      if (best) r["best_static"] = best->policy, r["best_static_over_adaptive"] = CiJson(PairedRatio(*best, *adaptive));
       ratios.push_back(r);
     }
     if (measured && pipelining.is_null()) {
       // One request alone on this link with a compressing strategy: are the three stages overlapped?
       const std::string strategy = policies.size() > 2 ? policies[2].spec : "quant|rans";
-      KV_ASSIGN_OR_RETURN(std::unique_ptr<Bed> bed, Bed::Start(f, sm, gbps, nullptr, strategy, {prompts[0]}));
-      ServeRequest r = DriverRequest(f, 1, prompts[0]);
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<E2eBed> bed, E2eBed::Start(setup, gbps, {"pipelining", strategy}, {prompts[0]}));
+      ServeRequest r = E2eRequest(setup, 1, prompts[0]);
       r.max_new_tokens = 1;
-      KV_ASSIGN_OR_RETURN(ServeResponse out, bed->serve(r));
+      KV_ASSIGN_OR_RETURN(ServeResponse out, bed->serve()(r));
       const StageTimings& st = out.timings;
       pipelining = {{"gbps", gbps}, {"strategy", strategy}, {"encode_ms", st.encode_s * 1e3}, {"wire_ms", st.wire_s * 1e3},
                     {"decode_ms", st.decode_s * 1e3}, {"sum_ms", (st.encode_s + st.wire_s + st.decode_s) * 1e3},
                     {"max_ms", std::max({st.encode_s, st.wire_s, st.decode_s}) * 1e3}, {"observed_ms", st.transfer_s * 1e3}};
     }
   }
+  // Capacity measured: at --capacity-gbps, none, the best static there and adaptive, each a
+  // search per repeat whose every step is a measured run (bracketed around the modelled figure).
+  json capacity = json::array();
+  if (f.capacity_gbps > 0) {
+    const double gbps = f.capacity_gbps;
+    const Point* best = nullptr;
+    for (const Point& p : points)
+      if (p.gbps == gbps && p.policy.rfind("static:", 0) == 0 && (best == nullptr || p.mean_ms < best->mean_ms)) best = &p;
+    for (const Policy& pol : policies) {
+      if (pol.name != "none" && pol.name != "adaptive" && (best == nullptr || pol.name != best->policy)) continue;
+      const uint32_t tokens = uint32_t(std::lround(mean_tokens));
+      KV_ASSIGN_OR_RETURN(double modelled, ModelledCapacity(setup, pol, gbps, tokens, f.seed + 17));
+      const double guide = modelled > 0 ? modelled : 0.1;
+      auto progress = [&](double rate, bool meets) {
+        if (StderrIsTerminal() || !f.as_json)
+          std::fprintf(stderr, "bench e2e: capacity of %s at %g Gbit/s: %.3f requests/s %s\n", pol.name.c_str(), gbps, rate,
+                       meets ? "meets the SLO" : "misses it");
+      };
+      KV_ASSIGN_OR_RETURN(MeasuredCapacity c, MeasureCapacity(setup, pol, gbps, tokens, f.capacity_requests, f.repeats, guide / 8,
+                                                              guide * 8, f.capacity_steps, f.seed + 29, progress));
+      capacity.push_back({{"policy", pol.name}, {"gbps", gbps}, {"rps", CiJson(c.rps)}, {"per_repeat_rps", c.per_repeat},
+                          {"runs", c.runs}, {"requests_per_run", f.capacity_requests}, {"modelled_rps", modelled},
+                          {"at_upper_end", c.at_upper_end},
+                          {"search", {{"lo_rps", guide / 8}, {"hi_rps", guide * 8}, {"steps", f.capacity_steps}}}});
+    }
+  }
   json out = RunHeader(f, sm, ceiling, "pd", "synthetic KV and modelled GPU compute; codec, transport and link are real");
   out["mean_prompt_tokens"] = mean_tokens;
+  if (f.capacity_gbps > 0) {
+    out["capacity_measured"] = capacity;
+    out["capacity_definition"] = "the highest Poisson rate whose measured run answers every request with P99 TTFT within "
+                                 "the SLO, by bisection on a log scale between 1/8 and 8 times the modelled capacity; one "
+                                 "search per repeat, each with its own arrivals; a run of N requests measures what a burst "
+                                 "of N takes, so few requests a run read above the steady state the model gives";
+  }
   out["ttft_definition"] = "arrival at the prefill node to the KV decoded at the decode node";
   out["pipelining"] = pipelining;
   json pts = json::array();
@@ -833,6 +582,12 @@ Status RunE2e(E2eFlags f) {
                 p.mean_ms, p.mean_ci, p.p50_ms, p.p99_ms, p.ttft_p99_ms, 100 * p.slo_attainment, p.quality,
                 p.measured ? "meas." : "model", p.vs_none.mean, p.vs_none.half_width, p.capacity_rps, p.valid ? "" : "  (invalid)");
   }
+  for (const json& c : capacity) {
+    std::printf("capacity at %g Gbit/s (measured) %-18s %7.3f ± %.3f requests/s over %d searches (%d runs; modelled %.3f)%s\n",
+                c["gbps"].get<double>(), c["policy"].get<std::string>().c_str(), c["rps"]["mean"].get<double>(),
+                c["rps"]["ci95"].get<double>(), c["rps"]["n"].get<int>(), c["runs"].get<int>(), c["modelled_rps"].get<double>(),
+                c["at_upper_end"].get<int>() > 0 ? "  (a search met the SLO at its upper end: at least this)" : "");
+  }
   if (!pipelining.is_null()) {
     std::printf("pipelining at %g Gbit/s (%s): encode %.1f + wire %.1f + decode %.1f = %.1f ms; slowest %.1f; observed %.1f ms\n",
                 pipelining["gbps"].get<double>(), ShortSpec(pipelining["strategy"].get<std::string>()).c_str(),
@@ -852,6 +607,7 @@ Status RunPoolMode(const E2eFlags& f) {
   KV_ASSIGN_OR_RETURN(Profile profile, LoadProfile(f.profile));
   KV_ASSIGN_OR_RETURN(std::vector<Policy> policies, LoadPolicies(f));
   policies.insert(policies.begin() + 1, Policy{"recompute", "recompute"});
+  const E2eSetup setup = SetupOf(f, sm, profile);
   std::unique_ptr<KvPool> pool;
   if (f.backend == "embedded") {
     pool = MakeEmbeddedPool({.capacity_bytes = f.pool_capacity_mib << 20});
@@ -893,11 +649,7 @@ Status RunPoolMode(const E2eFlags& f) {
   for (double gbps : f.bandwidths) {
     // Poisson arrivals at the rate that loads the uncompressed pool link to `load` with hits.
     const double rate = f.arrival == "burst" ? 0 : f.load * gbps * 1e9 / 8 / prefix_bytes;
-    std::mt19937_64 arng(f.seed + 1);
-    std::exponential_distribution<double> gap(rate > 0 ? rate : 1);
-    std::vector<double> arrivals;
-    double t = 0;
-    for (uint32_t i = 0; i < f.requests; ++i) arrivals.push_back(t), t += rate > 0 ? gap(arng) : 0;
+    const std::vector<double> arrivals = PoissonArrivals(rate, f.requests, f.seed + 1);
     for (const Policy& pol : policies) {
       if (StderrIsTerminal() || !f.as_json) std::fprintf(stderr, "bench e2e --mode pool: %s at %g Gbit/s...\n", pol.name.c_str(), gbps);
       KV_RETURN_IF_ERROR(pool->Clear());
@@ -915,53 +667,15 @@ Status RunPoolMode(const E2eFlags& f) {
       KV_RETURN_IF_ERROR(node->Prepare(n));
       std::vector<ServeRequest> requests;
       for (uint32_t i = 0; i < f.requests; ++i) {
-        ServeRequest r = DriverRequest(f, i + 1, 0);
+        ServeRequest r = E2eRequest(setup, i + 1, 0);
         r.prompt = prompt_of(i);
         requests.push_back(std::move(r));
       }
       PoolNode* served = node.get();
-      std::vector<Result<ServeResponse>> answers =
+      const std::vector<Result<ServeResponse>> answers =
           DriveArrivals([served](const ServeRequest& r) { return served->Serve(r); }, requests, arrivals);
-      Point p;
-      p.gbps = gbps;
-      p.policy = pol.name;
-      p.measured = true;
-      std::vector<double> jct, ttft, hit_ttft;
-      double q = 0, compute = 0, total = 0;
-      uint32_t ok_slo = 0;
-      for (const ServeResponse& resp : Answers(answers, &p)) {
-        const ServeResponse* r = &resp;
-        const StageTimings& st = r->timings;
-        jct.push_back(st.total_s * 1e3);
-        ttft.push_back(st.first_token_s * 1e3);
-        if (r->cached_tokens > 0) hit_ttft.push_back(st.first_token_s * 1e3);
-        ok_slo += st.first_token_s * 1e3 <= f.slo_ms;
-        compute += st.prefill_s + st.generate_s;
-        total += st.total_s;
-        p.wire_bytes += double(r->wire_bytes);
-        const double rq = r->cached_tokens > 0 ? quality_of.count(r->strategy) ? quality_of[r->strategy] : 0.0 : 1.0;
-        q += rq;
-        p.floor_violations += rq < f.floor;
-        p.choices[r->pool_action == "fetch" ? (r->strategy == "none" ? "fetch:none" : "fetch:" + ShortSpec(r->strategy)) : r->pool_action]++;
-      }
-      if (jct.empty()) return Status::Unavailable("every request of " + pol.name + " failed");
-      auto mean = [](const std::vector<double>& v) {
-        double s = 0;
-        for (double x : v) s += x;
-        return v.empty() ? 0.0 : s / v.size();
-      };
-      p.mean_ms = mean(jct);
-      p.p50_ms = Percentile(jct, 0.5);
-      p.p99_ms = Percentile(jct, 0.99);
-      p.ttft_mean_ms = mean(ttft);
-      p.ttft_p99_ms = Percentile(ttft, 0.99);
-      p.hit_ttft_mean_ms = mean(hit_ttft);
-      p.hit_ttft_p99_ms = Percentile(hit_ttft, 0.99);
-      p.hit_rate = double(hit_ttft.size()) / jct.size();
-      p.slo_attainment = double(ok_slo) / f.requests;
-      p.goodput = ok_slo / std::max(1e-9, arrivals.back() + p.mean_ms / 1e3);
-      p.quality = q / jct.size();
-      p.compute_share = compute / std::max(1e-12, total);
+      Point p = SummarisePool(answers, setup, pol, gbps, arrivals.back(), quality_of, SayError);
+      if (p.errors == answers.size()) return Status::Unavailable("every request of " + pol.name + " failed");
       points.push_back(std::move(p));
     }
   }
@@ -1070,6 +784,13 @@ void AddBenchE2eCommand(CLI::App& bench) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "netns", "shaper"}));
   c->add_option("--cpus", f->cpus, "cores of the node processes: PREFILL,DECODE[,ROUTER] | auto (one each while cores last) | none")
       ->capture_default_str();
+  c->add_option("--capacity-gbps", f->capacity_gbps,
+                "also measure capacity at this bandwidth (one of --bandwidths, measured): for none, the best static and "
+                "adaptive, the highest Poisson rate whose run keeps P99 TTFT within the SLO, per repeat (0: off)")
+      ->capture_default_str()->check(InRange(0, 1e4));
+  c->add_option("--capacity-requests", f->capacity_requests, "requests per capacity run")->capture_default_str()->check(InRange(2, 10000));
+  c->add_option("--capacity-steps", f->capacity_steps, "bisection steps per capacity search (after bracketing)")
+      ->capture_default_str()->check(InRange(0, 30));
   c->add_option("--inject-send-delay-ns", f->inject_send_delay_ns,
                 "test seam: extra sending time per byte, an overhead the calibration must catch (0: none)")
       ->capture_default_str()->check(InRange(0, 1e6));
