@@ -3,7 +3,7 @@
 #   cmake -DSOURCE_DIR=<repo> -DSTAMP=<file> -P cmake/CheckModuleIncludes.cmake
 # A forbidden include fails the build with the file, the line and the rule.
 
-set(kModules kv codec model profile control serve)
+set(kModules kv codec model profile control transfer serve)
 # Which module each public header belongs to.
 set(kHeader_status kv)
 set(kHeader_kv kv)
@@ -20,8 +20,8 @@ set(kHeader_eval model)
 set(kHeader_profile profile)
 set(kHeader_controller control)
 set(kHeader_serve serve)
-set(kHeader_transport serve)
-set(kHeader_pool serve)
+set(kHeader_transport transfer)
+set(kHeader_pool transfer)
 set(kHeader_calibration serve)
 set(kHeader_testbed serve)
 set(kHeader_e2e_bench serve)
@@ -32,7 +32,8 @@ set(kAllow_codec kv)
 set(kAllow_model kv codec)
 set(kAllow_profile kv codec model)
 set(kAllow_control kv codec profile)
-set(kAllow_serve kv codec model profile control)
+set(kAllow_transfer kv)
+set(kAllow_serve kv codec model profile control transfer)
 
 set(errors "")
 foreach(module ${kModules})

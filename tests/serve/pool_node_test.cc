@@ -11,7 +11,7 @@
 #include "kvserve/profile.h"
 #include "kvserve/serve.h"
 #include "model/model_test_util.h"
-#include "serve/redis_test_util.h"
+#include "transfer/redis_test_util.h"
 #include "test_paths.h"
 
 namespace kvserve {

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "kvserve/pool.h"
-#include "serve/redis_test_util.h"
+#include "transfer/redis_test_util.h"
 
 namespace kvserve {
 namespace {
