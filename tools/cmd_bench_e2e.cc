@@ -132,6 +132,7 @@ E2eSetup SetupOf(const E2eFlags& f, const SyntheticModel& sm, const Profile& pro
   s.netns_prefix = NetnsPrefix();
   s.cpu_prefill = f.cpu_prefill, s.cpu_decode = f.cpu_decode, s.cpu_router = f.cpu_router;
   s.send_delay_ns = f.inject_send_delay_ns;
+  s.wire_payload_share = f.link_used == "netns" ? kKernelLinkPayloadShare : 1.0;
   s.router_client = [](const std::string& address, const std::string& netns) { return RouterClient(address, netns, 600); };
   s.on_live = [](ProcessTestbed* t) {
     std::lock_guard<std::mutex> lock(g_live_mu);
@@ -542,6 +543,7 @@ Status RunE2e(E2eFlags f) {
   size_t off = 0;
   for (const LoneRequestCheck& c : checks) cal.push_back(CalibrationJson(c)), off += !c.valid;
   out["calibration"] = {{"tolerance", {{"relative", f.calibration_tolerance}, {"absolute_ms", CalibrationTolerance{}.absolute_s * 1e3}}},
+                        {"wire_payload_share", setup.wire_payload_share},
                         {"checks", cal},
                         {"valid", off == 0}};
   // Said after the figures are written, so a failed calibration still leaves them to look at.

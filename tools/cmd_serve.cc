@@ -161,6 +161,7 @@ Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std:
   DecodeNode node(transport.get(), DecodeNodeOptions{.model = model.model.get(), .synthetic = model.synthetic.get(),
                                                      .env = Codec(), .request_timeout_s = timeout_s,
                                                      .max_connections = max_connections});
+  for (uint32_t n : mf.prepare_tokens) KV_RETURN_IF_ERROR(node.Prepare(n));
   KV_RETURN_IF_ERROR(node.Start(listen));
   std::string host;
   uint16_t port;
@@ -510,6 +511,10 @@ void AddServeCommands(CLI::App& app) {
     auto metrics = std::make_shared<std::string>();
     auto max_connections = std::make_shared<uint32_t>(DecodeNodeOptions{}.max_connections);
     mf->Add(c, false);
+    c->add_option("--prepare-tokens", mf->prepare_tokens,
+                  "prompt lengths whose request buffers (KV slot, frame buffer) are allocated and written at start, as an "
+                  "engine allocates its KV cache, so the first requests do not fault memory in while timed")
+        ->delimiter(',')->check(InRange(1, 1 << 17));
     c->add_option("--listen", *listen, "host:port for prefill nodes (port 0: a free one, printed)")->capture_default_str();
     c->add_option("--metrics", *metrics, "HTTP host:port serving /metrics (default: none)");
     c->add_option("--timeout", *timeout, "seconds a request's frames may take to arrive")->capture_default_str()->check(InRange(0.01, 3600));

@@ -63,6 +63,10 @@ struct E2eSetup {
   std::string kvserve_exe, netns_script, netns_prefix;
   int cpu_prefill = -1, cpu_decode = -1, cpu_router = -1;
   double send_delay_ns = 0;  // test seam: the sender's extra time per byte
+  // The share of the link's rate that carries payload, for the calibration's prediction: 1 for
+  // the token bucket (it counts payload); the kernel's link (tbf) counts each segment's TCP/IP
+  // and Ethernet headers, 1448 payload bytes of 1514 on the wire (kKernelLinkPayloadShare).
+  double wire_payload_share = 1;
   // Node processes: the driver's client of the router (HTTP, which the library does not speak).
   std::function<ServeFn(const std::string& address, const std::string& netns)> router_client;
   // Told of a process testbed when it is live and when it has stopped (null), so a signal can
@@ -87,6 +91,8 @@ class E2eBed {
   std::unique_ptr<ProcessTestbed> procs_;
   ServeFn serve_;
 };
+
+inline constexpr double kKernelLinkPayloadShare = 1448.0 / 1514.0;
 
 // The driver's request `id`: a prompt of n_token tokens, the setup's generation, SLO and floor.
 ServeRequest E2eRequest(const E2eSetup& s, uint64_t id, uint32_t n_token);

@@ -92,6 +92,11 @@ Result<SyntheticModel> SyntheticModelByName(const std::string& name, const std::
 std::vector<std::string> SyntheticShapeNames();
 std::vector<std::string> GpuPresetNames();
 
+namespace serve_internal {
+class Compute;  // what a node computes with: the llama engine, or a production shape's stand-in
+class ComputeSession;
+}  // namespace serve_internal
+
 struct DecodeNodeOptions {
   const LlamaModel* model = nullptr;
   const SyntheticModel* synthetic = nullptr;  // instead of `model`: KV checked, then generation time
@@ -112,6 +117,10 @@ class DecodeNode {
   DecodeNode(Transport* transport, DecodeNodeOptions opts);
   ~DecodeNode();
   Status Start(const std::string& listen_address);
+  // A request buffer for prompts of up to n_token tokens — a KV slot and a frame buffer —
+  // allocated and written now, as an engine allocates its KV cache at start, so the first
+  // requests do not fault their memory in while they are timed. Kept among kept_buffers.
+  Status Prepare(uint32_t n_token);
   uint16_t port() const { return port_; }
   void Stop();
   const NodeMetrics& metrics() const { return metrics_; }
@@ -139,6 +148,7 @@ class DecodeNode {
   std::vector<std::thread::id> finished_;  // workers whose connection ended, to be joined
   std::vector<Connection*> open_;
   NodeMetrics metrics_;
+  std::unique_ptr<serve_internal::Compute> compute_;
 };
 
 struct PrefillNodeOptions {
@@ -166,6 +176,7 @@ uint32_t TransferFrames(const std::string& spec, uint32_t n_layer);
 class PrefillNode {
  public:
   static Result<std::unique_ptr<PrefillNode>> Create(Transport* transport, PrefillNodeOptions opts);
+  ~PrefillNode();
   Result<ServeResponse> Serve(const ServeRequest& request);
   // With a synthetic model: makes the KV of an n_token prompt now, so that serving does not.
   Status Prepare(uint32_t n_token);
@@ -196,7 +207,7 @@ class PrefillNode {
   BandwidthEstimator estimator_;
   std::atomic<uint64_t> next_peer_{0}, frames_sent_{0};
   NodeMetrics metrics_;
-  std::mutex compute_mu_;  // synthetic prefill: one prompt at a time, as on one GPU
+  std::unique_ptr<serve_internal::Compute> compute_;
 };
 
 struct PoolNodeOptions {
@@ -229,6 +240,7 @@ struct PoolNodeOptions {
 class PoolNode {
  public:
   static Result<std::unique_ptr<PoolNode>> Create(PoolNodeOptions opts);
+  ~PoolNode();
   Result<ServeResponse> Serve(const ServeRequest& request);
   Status Prepare(uint32_t n_token);  // synthetic: makes an n_token prompt's KV before timing
   const NodeMetrics& metrics() const { return metrics_; }
@@ -237,9 +249,9 @@ class PoolNode {
   const std::vector<StrategyCost>& strategies() const { return s_; }
 
  private:
-  explicit PoolNode(PoolNodeOptions opts) : opts_(std::move(opts)) {}
+  explicit PoolNode(PoolNodeOptions opts);
   struct Fetch;
-  Status FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, KvCache* cache, Fetch* out);
+  Status FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, serve_internal::ComputeSession* session, Fetch* out);
   std::vector<size_t> StoreChoice(double floor) const;
   PoolNodeOptions opts_;
   std::vector<StrategyCost> s_;
@@ -252,6 +264,7 @@ class PoolNode {
   std::mutex compute_mu_;           // one prompt computes at a time, as on one GPU
   std::atomic<uint64_t> queued_tokens_{0};
   NodeMetrics metrics_;
+  std::unique_ptr<serve_internal::Compute> compute_;
 };
 
 // ---- What one request may ask for ---------------------------------------------------------------

@@ -125,7 +125,9 @@ std::vector<std::string> NetnsWithPrefix(const std::string& prefix);
 struct ProcessTestbedOptions {
   std::string kvserve;  // the CLI binary the nodes run
   std::string kv_shape = "llama3-8b", gpu = "h100";
-  std::vector<uint32_t> prepare_tokens;  // prompt lengths the prefill node synthesizes at start
+  // Prompt lengths made ready at start: the prefill node synthesizes their KV, the decode node
+  // allocates and writes their request buffers.
+  std::vector<uint32_t> prepare_tokens;
   std::string profile;                   // the prefill node's controller; empty: `strategy`
   std::string strategy = "none";
   double gbps = 10;  // link rate: the kernel's (netns) or the prefill node's token bucket (shaper)

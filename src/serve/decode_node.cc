@@ -1,13 +1,14 @@
 // Decode node: receives a request's KV as per-layer frames, decodes each on arrival into the
 // request's cache, asks once for layers whose frames failed verification, then generates.
 #include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "kvserve/codec.h"
 #include "kvserve/frame.h"
 #include "kvserve/serve.h"
-#include "serve/engine_util.h"
+#include "serve/compute.h"
 #include "serve/wire.h"
 
 namespace kvserve {
@@ -16,22 +17,12 @@ using json = nlohmann::json;
 using serve_internal::Seconds;
 using serve_internal::SendJson;
 
-namespace {
-// Greedy generation over the transferred prompt KV, from the prefill node's first token.
-Result<std::vector<int>> GenerateAfterPrefix(const LlamaModel& model, const KvBlock& kv, uint32_t prompt_len,
-                                             int first_token, uint32_t max_new) {
-  KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model.config));
-  KV_RETURN_IF_ERROR(cache.LoadPrefix(kv, prompt_len));
-  return serve_internal::GreedyContinue(model, &cache, first_token, max_new);
-}
-}  // namespace
-
 DecodeNode::DecodeNode(Transport* transport, DecodeNodeOptions opts) : transport_(transport), opts_(std::move(opts)) {}
 DecodeNode::~DecodeNode() { Stop(); }
 
 Status DecodeNode::Start(const std::string& listen_address) {
-  if ((opts_.model == nullptr) == (opts_.synthetic == nullptr)) {
-    return Status::InvalidArgument("decode node needs a model or a synthetic model (one of them)");
+  if (compute_ == nullptr) {
+    KV_ASSIGN_OR_RETURN(compute_, serve_internal::MakeCompute(opts_.model, opts_.synthetic, nullptr, "decode"));
   }
   KV_ASSIGN_OR_RETURN(listener_, transport_->Listen(listen_address));
   port_ = listener_->port();
@@ -95,14 +86,10 @@ void DecodeNode::AcceptLoop() {
 
 // One connection, one request at a time; the connection ends when the peer closes it.
 void DecodeNode::ServeRequests(Connection* c) {
-  const SyntheticModel* synth = opts_.synthetic;
-  // What the KV must look like: the model's, or the synthetic stand-in's.
-  const uint32_t n_layer = synth ? synth->n_layer : opts_.model->config.n_layer;
-  const uint32_t n_head_kv = synth ? synth->n_head_kv : opts_.model->config.n_head_kv;
-  const uint32_t head_dim = synth ? synth->head_dim : opts_.model->config.head_dim();
-  const uint32_t max_prompt = synth ? synth->max_prompt_tokens : opts_.model->config.seq_len - 1;
-  const uint32_t max_new_limit = synth ? (1u << 20) : opts_.model->config.seq_len;
-  const uint32_t vocab = synth ? (1u << 30) : opts_.model->config.vocab_size;
+  // What the KV must look like.
+  const serve_internal::ComputeShape& shape = compute_->shape();
+  const uint32_t n_layer = shape.n_layer, n_head_kv = shape.n_head_kv, head_dim = shape.head_dim;
+  const uint32_t max_prompt = shape.max_prompt, max_new_limit = shape.max_new, vocab = shape.vocab;
   const uint64_t values_per_token = uint64_t{2} * n_layer * n_head_kv * head_dim;
   // This connection's KV slot and frame buffer, taken from the node's and given back after: a
   // request decodes into memory an earlier one warmed, as an engine's block pool would, instead
@@ -176,7 +163,7 @@ void DecodeNode::ServeRequests(Connection* c) {
           }
           // Every layer is written before generation reads it (a request missing one fails), so
           // the slot is reshaped without being cleared.
-          st = kv.Reset(KvShape{n_layer, n_head_kv, kept, head_dim}, synth ? DType::kF16 : DType::kF32);
+          st = kv.Reset(KvShape{n_layer, n_head_kv, kept, head_dim}, shape.kv_dtype);
           if (!st.ok()) break;
           assembler = std::make_unique<LayerAssembler>(id, &kv, opts_.env);
         }
@@ -211,8 +198,12 @@ void DecodeNode::ServeRequests(Connection* c) {
       break;
     }
     const Clock::time_point g0 = Clock::now();
-    auto out = synth ? Result<std::vector<int>>(serve_internal::SyntheticTokens(*synth, first_token, max_new))
-                     : GenerateAfterPrefix(*opts_.model, kv, prompt_len, first_token, max_new);
+    // Greedy generation over the transferred prompt KV, from the prefill node's first token.
+    auto out = [&]() -> Result<std::vector<int>> {
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<serve_internal::ComputeSession> session, compute_->NewSession());
+      KV_RETURN_IF_ERROR(session->LoadPrefix(kv, prompt_len));
+      return session->Generate(first_token, max_new);
+    }();
     if (!out.ok()) {
       fail(out.status());
       break;
@@ -227,6 +218,26 @@ void DecodeNode::ServeRequests(Connection* c) {
                          {"generate_s", Seconds(g0, Clock::now())}};
     if (!SendJson(c, MessageKind::kResult, result, DeadlineIn(opts_.request_timeout_s)).ok()) break;
   }
+}
+
+Status DecodeNode::Prepare(uint32_t n_token) {
+  if (compute_ == nullptr) {
+    KV_ASSIGN_OR_RETURN(compute_, serve_internal::MakeCompute(opts_.model, opts_.synthetic, nullptr, "decode"));
+  }
+  const serve_internal::ComputeShape& s = compute_->shape();
+  if (n_token == 0 || n_token > s.max_prompt) {
+    return Status::InvalidArgument("decode node: cannot prepare for " + std::to_string(n_token) + " tokens (1 to " +
+                                   std::to_string(s.max_prompt) + ")");
+  }
+  auto scratch = std::make_unique<Scratch>();
+  KV_RETURN_IF_ERROR(scratch->kv.Reset(KvShape{s.n_layer, s.n_head_kv, n_token, s.head_dim}, s.kv_dtype));
+  std::memset(scratch->kv.data(), 0, scratch->kv.bytes());
+  // The largest per-layer frame: one layer's values, uncoded (`none`), and its header.
+  const uint64_t layer_values = uint64_t{2} * s.n_head_kv * n_token * s.head_dim;
+  scratch->frame.resize(size_t(layer_values * DTypeSize(s.kv_dtype) + (64 << 10)));
+  std::memset(scratch->frame.data(), 0, scratch->frame.size());
+  GiveScratch(std::move(scratch));
+  return Status::Ok();
 }
 
 std::unique_ptr<DecodeNode::Scratch> DecodeNode::TakeScratch() {

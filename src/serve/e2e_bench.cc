@@ -43,6 +43,9 @@ Result<std::unique_ptr<E2eBed>> E2eBed::Start(const E2eSetup& s, double gbps, co
     d.synthetic = s.model;
     d.request_timeout_s = 600;
     t->decode = std::make_unique<DecodeNode>(t->transport.get(), d);
+    // The decode node's request buffers allocated up front for the longest prompt, as the node
+    // processes' are (ProcessTestbed), one per buffer it keeps.
+    for (uint32_t i = 0; !prompts.empty() && i < d.kept_buffers; ++i) KV_RETURN_IF_ERROR(t->decode->Prepare(prompts.back()));
     KV_RETURN_IF_ERROR(t->decode->Start("127.0.0.1:0"));
     PrefillNodeOptions o;
     o.synthetic = s.model;
@@ -274,7 +277,9 @@ Result<LoneRequestCheck> CalibratePolicy(const E2eSetup& s, const E2ePolicy& pol
   // Measured at the client, as the points are: with node processes, HTTP and the router count.
   std::vector<Result<ServeResponse>> answer = DriveArrivals(bed->serve(), {E2eRequest(s, 1, prompt_tokens)}, {0.0});
   KV_RETURN_IF_ERROR(answer[0].status());
-  LoneRequestCheck c = CheckLoneRequest(answer[0].value(), *s.model, gbps, prompt_tokens, s.max_new, tolerance);
+  LoneRequestCheck c =
+      CheckLoneRequest(answer[0].value(), *s.model, gbps * s.wire_payload_share, prompt_tokens, s.max_new, tolerance);
+  c.gbps = gbps;  // the link as named; its payload rate is what the prediction used
   c.policy = policy.name;
   return c;
 }

@@ -3,12 +3,11 @@
 // computes the suffix and generates; then stores the chunks the pool lacked.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <thread>
 
 #include "kvserve/codec.h"
 #include "kvserve/serve.h"
-#include "serve/engine_util.h"
+#include "serve/compute.h"
 #include "serve/wire.h"
 
 namespace kvserve {
@@ -39,25 +38,20 @@ struct PoolNode::Fetch {
 };
 
 Result<std::unique_ptr<PoolNode>> PoolNode::Create(PoolNodeOptions opts) {
-  if ((opts.model == nullptr) == (opts.synthetic == nullptr)) {
-    return Status::InvalidArgument("pool node needs a model or a synthetic model (one of them)");
-  }
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<serve_internal::Compute> compute,
+                      serve_internal::MakeCompute(opts.model, opts.synthetic, opts.threads, "pool"));
   if (opts.pool == nullptr && opts.policy != "recompute") return Status::InvalidArgument("pool node needs a pool");
   if (opts.chunk_tokens == 0) return Status::InvalidArgument("pool chunk_tokens must be positive");
   if (!(opts.assume_gbps > 0)) return Status::InvalidArgument("assume_gbps must be positive");
   std::unique_ptr<PoolNode> n(new PoolNode(std::move(opts)));
+  n->compute_ = std::move(compute);
   PoolNodeOptions& o = n->opts_;
-  if (o.synthetic) {
-    n->bytes_per_token_ = double(o.synthetic->kv_bytes_per_token());
-  } else {
-    const LlamaConfig& c = o.model->config;
-    n->bytes_per_token_ = 2.0 * c.n_layer * c.n_head_kv * c.head_dim() * sizeof(float);
-  }
+  n->bytes_per_token_ = double(n->compute_->shape().kv_bytes_per_token());
   n->s_.push_back({"none", "none", 1.0, 1.0, 0, 0});
   if (o.policy == "adaptive") {
     if (o.profile == nullptr) return Status::InvalidArgument("pool policy adaptive needs a profile");
     // Profiles count ratio and speed against fp16; a real model's pool holds f32 KV.
-    const double per_fp16 = o.synthetic ? 1.0 : 2.0;
+    const double per_fp16 = n->compute_->shape().per_fp16;
     for (StrategyCost c : StrategiesFromProfile(*o.profile)) {
       if (c.none() || SelectsTokens(c.spec) || !Pipeline::Create(c.spec, o.env).ok()) continue;
       c.ratio *= per_fp16, c.encode_Bps *= per_fp16, c.decode_Bps *= per_fp16;
@@ -83,10 +77,10 @@ double PoolNode::bandwidth_estimate_gbps() const {
   return estimator_.has_estimate() ? estimator_.estimate() * 8 / 1e9 : opts_.assume_gbps;
 }
 
-Status PoolNode::Prepare(uint32_t n_token) {
-  if (opts_.synthetic == nullptr) return Status::Ok();
-  return serve_internal::SyntheticPromptKv(*opts_.synthetic, n_token, opts_.threads).status();
-}
+PoolNode::PoolNode(PoolNodeOptions opts) : opts_(std::move(opts)) {}
+PoolNode::~PoolNode() = default;
+
+Status PoolNode::Prepare(uint32_t n_token) { return compute_->Prepare(n_token); }
 
 // The copies to store: the strategy fastest to fetch at the expected bandwidth among those at or
 // above the floor, plus the fastest at safe_floor when the first is below it (a stricter request
@@ -116,16 +110,16 @@ std::vector<size_t> PoolNode::StoreChoice(double floor) const {
 
 // Fetches chunks [0, n_chunks) of `keys` in order, one thread fetching while this one decodes;
 // stops at the first chunk missing (evicted since the lookup) or failing verification (deleted).
-// With a real model the chunks' KV fills the cache's slots from 0.
-Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, KvCache* cache, Fetch* out) {
+// The chunks' KV fills the session's slots from 0.
+Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, serve_internal::ComputeSession* session,
+                             Fetch* out) {
   struct Item {
     size_t chunk;
     ByteBuffer value;
     bool corrupt = false;  // the pool refused the value (a forged part header, too long)
   };
-  const uint32_t n_layer = opts_.synthetic ? opts_.synthetic->n_layer : opts_.model->config.n_layer;
-  const uint32_t n_head_kv = opts_.synthetic ? opts_.synthetic->n_head_kv : opts_.model->config.n_head_kv;
-  const uint32_t head_dim = opts_.synthetic ? opts_.synthetic->head_dim : opts_.model->config.head_dim();
+  const serve_internal::ComputeShape& shape = compute_->shape();
+  const uint32_t n_layer = shape.n_layer, n_head_kv = shape.n_head_kv, head_dim = shape.head_dim;
   // The largest value a chunk of this model can have (longer ones are refused unread).
   const uint64_t chunk_values = uint64_t{2} * n_layer * n_head_kv * opts_.chunk_tokens * head_dim;
   const uint64_t max_value_bytes = serve_internal::MaxFrameBytes(chunk_values, opts_.chunk_tokens);
@@ -171,24 +165,7 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
         fits = h.n_layer == n_layer && h.n_head_kv == n_head_kv && h.head_dim == head_dim && h.n_token == opts_.chunk_tokens &&
                chunk.positions().empty() && chunk.token_offset() == item->chunk * opts_.chunk_tokens;
       }
-      if (fits && cache != nullptr) {
-        const KvShape& s = chunk.shape();
-        if (out->slots + s.n_token > cache->block.shape().n_token) {
-          fits = false;
-        } else {
-          KvBlock f32;
-          const KvBlock* src = &chunk;
-          if (chunk.dtype() != DType::kF32) {
-            auto conv = chunk.ConvertTo(DType::kF32);
-            fits = conv.ok();
-            if (fits) f32 = std::move(conv).value(), src = &f32;
-          }
-          for (uint64_t slab = 0; fits && slab < s.n_slab(); ++slab) {
-            std::memcpy(cache->block.slab_at(slab) + size_t(out->slots) * head_dim * sizeof(float), src->slab_at(slab),
-                        size_t(s.n_token) * head_dim * sizeof(float));
-          }
-        }
-      }
+      fits = fits && session->PlaceChunk(chunk, uint32_t(out->slots));
       out->decode_s += Seconds(d0, Clock::now());
       if (!fits) {
         // Never used: deleted so the next request recomputes and stores it again.
@@ -214,7 +191,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   if (req.prompt.empty()) return Status::InvalidArgument("empty prompt");
   if (req.max_new_tokens < 1) return Status::InvalidArgument("max_new_tokens must be at least 1");
   const uint32_t n = uint32_t(req.prompt.size());
-  if (opts_.model) KV_RETURN_IF_ERROR(serve_internal::CheckPrompt(opts_.model->config, req.prompt));
+  KV_RETURN_IF_ERROR(compute_->CheckPrompt(req.prompt));
   // The copies this request may use: the node's, or the one it names (which must be one this
   // node stores, and a strategy this node can code).
   std::vector<size_t> candidates = candidates_;
@@ -237,7 +214,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   out.strategy = "none";
   out.kv_bytes = uint64_t(bytes_per_token_ * n);
   // Chunks wholly before the last token: the last one is always computed, for its logits.
-  PoolKeyOptions ko{opts_.synthetic ? opts_.synthetic->name : opts_.model->sha256, opts_.chunk_tokens, opts_.placement};
+  PoolKeyOptions ko{compute_->shape().identity, opts_.chunk_tokens, opts_.placement};
   const std::vector<std::string> chain = PrefixChainHashes(ko, std::span(req.prompt.data(), n - 1));
   const size_t n_full = chain.size();
   // How many leading chunks the pool holds in each candidate copy (one pipelined lookup).
@@ -269,7 +246,8 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   double tps;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    tps = opts_.synthetic ? opts_.synthetic->prefill_tokens_per_second
+    const double modelled = compute_->shape().modelled_prefill_tps;
+    tps = modelled > 0 ? modelled
           : opts_.prefill_tokens_per_second > 0 ? opts_.prefill_tokens_per_second
           : measured_tps_ > 0 ? measured_tps_ : 1e4;
   }
@@ -305,17 +283,13 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   } else {
     out.explanation = opts_.policy == "recompute" ? "recompute policy" : "no cached prefix";
   }
-  std::optional<KvCache> cache;
-  if (opts_.model) {
-    KV_ASSIGN_OR_RETURN(KvCache c, KvCache::Create(opts_.model->config));
-    cache = std::move(c);
-  }
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<serve_internal::ComputeSession> session, compute_->NewSession());
   Fetch fetched;
   if (fetch_strategy >= 0) {
     std::vector<std::string> keys;
     for (size_t c = 0; c < fetch_chunks; ++c) keys.push_back(PoolChunkKey(ko, chain, c, s_[size_t(fetch_strategy)].spec));
     const Clock::time_point f0 = Clock::now();
-    const Status st = FetchPrefix(keys, fetch_chunks, cache ? &*cache : nullptr, &fetched);
+    const Status st = FetchPrefix(keys, fetch_chunks, session.get(), &fetched);
     out.timings.fetch_s = Seconds(f0, Clock::now());
     out.timings.wire_s = fetched.wire_s;
     out.timings.decode_s = fetched.decode_s;
@@ -348,32 +322,23 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   // The suffix (or everything), one prompt at a time.
   const uint32_t compute = n - cached;
   int first_token = 0;
-  KvBlock prompt_kv;  // real model: the prompt's exact KV, for storing
   queued_tokens_ += compute;
   {
     std::unique_lock<std::mutex> gpu(compute_mu_);
     const Clock::time_point started = Clock::now();
     out.timings.queue_s = Seconds(t0, started) - out.timings.fetch_s;
-    if (opts_.synthetic) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(compute / opts_.synthetic->prefill_tokens_per_second));
-    } else {
-      const LlamaConfig& cfg = opts_.model->config;
-      cache->Rewind(fetched.slots, cached);
-      LlamaEngine engine(*opts_.model);
-      std::vector<float> logits(cfg.vocab_size);
-      const Status st = engine.Forward(req.prompt.data() + cached, compute, &*cache, logits.data(), true);
-      if (!st.ok()) {
-        queued_tokens_ -= compute;
-        metrics_.errors++;
-        return st.WithContext("request " + std::to_string(req.id));
-      }
-      first_token = int(Argmax(logits.data(), cfg.vocab_size));
+    auto first = session->ComputeSuffix(req.prompt, cached);
+    if (!first.ok()) {
+      queued_tokens_ -= compute;
+      metrics_.errors++;
+      return first.status().WithContext("request " + std::to_string(req.id));
     }
+    first_token = first.value();
     out.timings.prefill_s = Seconds(started, Clock::now());
     queued_tokens_ -= compute;
   }
   out.timings.first_token_s = Seconds(t0, Clock::now());
-  if (opts_.model && compute > 0) {
+  if (compute_->shape().modelled_prefill_tps == 0 && compute > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     const double rate = compute / std::max(1e-9, out.timings.prefill_s);
     measured_tps_ = measured_tps_ > 0 ? 0.7 * measured_tps_ + 0.3 * rate : rate;
@@ -385,15 +350,9 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   const std::vector<size_t> store = !(n_full > 0 && exact) ? std::vector<size_t>{}
                                     : req.strategy.empty()  ? StoreChoice(floor)
                                                             : candidates;
-  if (opts_.model && !store.empty()) {
-    KV_ASSIGN_OR_RETURN(prompt_kv, cache->Prefix(uint32_t(n_full * opts_.chunk_tokens)));
-  }
+  if (!store.empty()) KV_RETURN_IF_ERROR(session->KeepPrefix(uint32_t(n_full * opts_.chunk_tokens)));
   const Clock::time_point g0 = Clock::now();
-  if (opts_.synthetic) {
-    out.tokens = serve_internal::SyntheticTokens(*opts_.synthetic, first_token, req.max_new_tokens);
-  } else {
-    KV_ASSIGN_OR_RETURN(out.tokens, serve_internal::GreedyContinue(*opts_.model, &*cache, first_token, req.max_new_tokens));
-  }
+  KV_ASSIGN_OR_RETURN(out.tokens, session->Generate(first_token, req.max_new_tokens));
   out.timings.generate_s = Seconds(g0, Clock::now());
   out.timings.total_s = Seconds(t0, Clock::now());
   metrics_.requests++;
@@ -404,17 +363,17 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
   // Store the chunks each chosen copy lacks, from the exact KV (the synthetic stand-in's, or
   // this prompt's computed here). A chunk that came from the pool lossy is not re-stored from it.
   const Clock::time_point s0 = Clock::now();
-  std::shared_ptr<const KvBlock> synth_kv;
-  if (opts_.synthetic && !store.empty()) {
-    KV_ASSIGN_OR_RETURN(synth_kv, serve_internal::SyntheticPromptKv(*opts_.synthetic, n, opts_.threads));
+  std::shared_ptr<const KvBlock> exact_kv;
+  if (!store.empty()) {
+    KV_ASSIGN_OR_RETURN(exact_kv, session->Kept(n));
   }
   for (size_t s : store) {
     const size_t from = present[s];
-    if (from >= n_full || (opts_.model && prompt_kv.shape().n_token == 0)) continue;
+    if (from >= n_full || exact_kv->shape().n_token < n_full * opts_.chunk_tokens) continue;
     KV_ASSIGN_OR_RETURN(Pipeline pipeline, Pipeline::Create(s_[s].spec, opts_.env));
     CodecOptions co;
     co.pool = opts_.threads;
-    const KvBlock& src = opts_.synthetic ? *synth_kv : prompt_kv;
+    const KvBlock& src = *exact_kv;
     for (size_t c = from; c < n_full; ++c) {
       KV_ASSIGN_OR_RETURN(KvBlock chunk, src.SliceTokens(uint32_t(c * opts_.chunk_tokens), opts_.chunk_tokens));
       ByteBuffer frame;

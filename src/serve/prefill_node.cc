@@ -10,7 +10,7 @@
 
 #include "kvserve/codec.h"
 #include "kvserve/serve.h"
-#include "serve/engine_util.h"
+#include "serve/compute.h"
 #include "serve/wire.h"
 
 namespace kvserve {
@@ -22,30 +22,28 @@ using serve_internal::SendJson;
 using serve_internal::BoundedQueue;
 using FrameQueue = BoundedQueue<ByteBuffer>;
 
-Status PrefillNode::Prepare(uint32_t n_token) {
-  if (opts_.synthetic == nullptr) return Status::Ok();
-  return serve_internal::SyntheticPromptKv(*opts_.synthetic, n_token, opts_.pool).status();
-}
+Status PrefillNode::Prepare(uint32_t n_token) { return compute_->Prepare(n_token); }
 
 PrefillNode::PrefillNode(Transport* transport, PrefillNodeOptions opts)
     : transport_(transport), opts_(std::move(opts)) {}
+PrefillNode::~PrefillNode() = default;
 
 Result<std::unique_ptr<PrefillNode>> PrefillNode::Create(Transport* transport, PrefillNodeOptions opts) {
-  if ((opts.model == nullptr) == (opts.synthetic == nullptr)) {
-    return Status::InvalidArgument("prefill node needs a model or a synthetic model (one of them)");
-  }
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<serve_internal::Compute> compute,
+                      serve_internal::MakeCompute(opts.model, opts.synthetic, opts.pool, "prefill"));
   if (opts.decode_peers.empty()) return Status::InvalidArgument("prefill node needs at least one decode peer");
   if (!(opts.assume_gbps > 0)) return Status::InvalidArgument("assume_gbps must be positive");
   KV_ASSIGN_OR_RETURN(opts.strategy, CanonicalStrategy(opts.strategy));
   std::unique_ptr<PrefillNode> n(new PrefillNode(transport, std::move(opts)));
+  n->compute_ = std::move(compute);
   if (n->opts_.profile != nullptr) {
     // Profiles measure ratio and speed against fp16 KV. A real model's node ships its f32 KV,
     // so per raw byte every ratio and speed is twice the profiled one; synthetic KV is fp16.
-    const double per_fp16 = n->opts_.synthetic ? 1.0 : 2.0;
+    const double per_fp16 = n->compute_->shape().per_fp16;
     std::vector<StrategyCost> s = StrategiesFromProfile(*n->opts_.profile);
     for (StrategyCost& c : s) c.ratio *= per_fp16, c.encode_Bps *= per_fp16, c.decode_Bps *= per_fp16;
     ControllerOptions co = n->opts_.controller;
-    co.n_layer = n->opts_.synthetic ? n->opts_.synthetic->n_layer : n->opts_.model->config.n_layer;
+    co.n_layer = n->compute_->shape().n_layer;
     co.pipelined = true;
     n->controller_ = std::make_unique<Controller>(std::move(s), co);
   }
@@ -142,7 +140,7 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   KV_RETURN_IF_ERROR(send_status);
   KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, deadline));
   // A reply holds at most the tokens asked for: a longer one is refused before it is read.
-  const uint32_t vocab = opts_.synthetic ? (1u << 30) : opts_.model->config.vocab_size;
+  const uint32_t vocab = compute_->shape().vocab;
   c->set_max_message_bytes(serve_internal::ResultMessageLimit(req.max_new_tokens));
   for (int round = 0;; ++round) {
     KV_ASSIGN_OR_RETURN(Message reply, c->Receive(deadline));
@@ -203,36 +201,12 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {
   if (req.max_new_tokens < 1) return Status::InvalidArgument("max_new_tokens must be at least 1");
   ServeResponse out;
   out.id = req.id;
-  const uint32_t n = uint32_t(req.prompt.size());
-  std::vector<float> scores(n, 0.0f);
-  int first_token = 0;
-  std::shared_ptr<const KvBlock> kv;
-  if (opts_.synthetic != nullptr) {
-    KV_ASSIGN_OR_RETURN(kv, serve_internal::SyntheticPromptKv(*opts_.synthetic, n, opts_.pool));
-    // One prompt at a time, as on one GPU: the wait is the request's queueing.
-    std::unique_lock<std::mutex> gpu(compute_mu_);
-    const Clock::time_point started = Clock::now();
-    out.timings.queue_s = Seconds(t0, started);
-    std::this_thread::sleep_for(std::chrono::duration<double>(n / opts_.synthetic->prefill_tokens_per_second));
-    out.timings.prefill_s = Seconds(started, Clock::now());
-  } else {
-    const LlamaModel& model = *opts_.model;
-    const LlamaConfig& cfg = model.config;
-    KV_RETURN_IF_ERROR(serve_internal::CheckPrompt(cfg, req.prompt));
-    // Prefill, capturing the attention token-selecting strategies rank by.
-    LlamaEngine engine(model);
-    KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(cfg));
-    std::vector<float> logits(cfg.vocab_size);
-    AttentionCapture cap;
-    cap.window = std::min<uint32_t>(32, n);
-    KV_RETURN_IF_ERROR(engine.Forward(req.prompt.data(), n, &cache, logits.data(), true, &cap));
-    for (size_t row = 0; cap.n_prompt && row < cap.probs.size() / cap.n_prompt; ++row)
-      for (uint32_t j = 0; j < n; ++j) scores[j] += cap.probs[row * cap.n_prompt + j];
-    first_token = int(Argmax(logits.data(), cfg.vocab_size));
-    KV_ASSIGN_OR_RETURN(KvBlock prefix, cache.Prefix(n, DType::kF32));
-    kv = std::make_shared<const KvBlock>(std::move(prefix));
-    out.timings.prefill_s = Seconds(t0, Clock::now());
-  }
+  KV_ASSIGN_OR_RETURN(serve_internal::Prefilled prefilled, compute_->Prefill(req.prompt));
+  out.timings.queue_s = prefilled.queue_s;
+  out.timings.prefill_s = prefilled.prefill_s;
+  const std::shared_ptr<const KvBlock> kv = std::move(prefilled.kv);
+  const std::vector<float>& scores = prefilled.scores;
+  const int first_token = prefilled.first_token;
   metrics_.requests++;
   out.kv_bytes = kv->bytes();
   const Choice choice = Choose(req, double(kv->bytes()), out.timings.queue_s + out.timings.prefill_s);

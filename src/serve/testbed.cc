@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstring>
@@ -273,18 +274,22 @@ Result<std::unique_ptr<ProcessTestbed>> ProcessTestbed::Start(const ProcessTestb
                     t->link_ ? std::string(NetnsLink::kReceiverIp) + ":0" : here, "--timeout", timeout, "--log-level", "quiet"},
                    o.cpu_decode,
                    t->link_ ? t->link_->receiver() : ""};
+  std::string prepare, buffers;
+  uint32_t longest = 0;
+  for (uint32_t n : o.prepare_tokens) {
+    if (!prepare.empty()) prepare += ',';
+    prepare += std::to_string(n);
+    longest = std::max(longest, n);
+  }
+  // Four request buffers for the longest prompt (the decode node keeps four; shorter prompts
+  // reshape them), so requests in flight together find theirs ready too.
+  for (int i = 0; longest > 0 && i < 4; ++i) buffers += (i ? "," : "") + std::to_string(longest);
+  if (!buffers.empty()) decode.argv.insert(decode.argv.end(), {"--prepare-tokens", buffers});
   KV_ASSIGN_OR_RETURN(t->decode_, ChildProcess::Start(decode));
   std::vector<std::string> prefill_argv = {o.kvserve, "serve", "prefill", "--kv-shape", o.kv_shape, "--gpu", o.gpu,
                                            "--listen", here, "--peer", t->decode_->address(), "--assume-gbps", gbps,
                                            "--timeout", timeout, "--threads", std::to_string(o.threads), "--log-level", "quiet"};
-  if (!o.prepare_tokens.empty()) {
-    std::string list;
-    for (uint32_t n : o.prepare_tokens) {
-      if (!list.empty()) list += ',';
-      list += std::to_string(n);
-    }
-    prefill_argv.insert(prefill_argv.end(), {"--prepare-tokens", list});
-  }
+  if (!prepare.empty()) prefill_argv.insert(prefill_argv.end(), {"--prepare-tokens", prepare});
   if (!o.profile.empty()) {
     prefill_argv.insert(prefill_argv.end(), {"--profile", o.profile});
   } else {
