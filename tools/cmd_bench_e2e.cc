@@ -1,6 +1,9 @@
-// CLI: `bench e2e --mode pd` — the whole PD path (prefill node, controller, per-layer streaming
-// over TCP through a shaped link, decode node) across bandwidths and policies, with Poisson or
-// burst arrivals. Points the machine's link cannot carry are given by the simulator, labelled.
+// CLI: `bench e2e` — the whole PD path (router, prefill node with its controller, per-layer
+// streaming over a shaped link, decode node; as processes by default) or the KV pool
+// (--mode pool), across bandwidths and policies, with Poisson or burst arrivals. Flags, the
+// signal handling, the router client and the output live here; the harness is library code
+// (kvserve/e2e_bench.h, kvserve/testbed.h). Points the machine's link cannot carry are given by
+// the simulator, labelled.
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>

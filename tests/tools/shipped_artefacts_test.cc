@@ -37,9 +37,16 @@ std::string Regenerate(const std::string& rel) {
       {"fuzz/seeds/frame/", "bash scripts/gen_fuzz_seeds.sh"},
       {"bench/traces/", "python3 scripts/gen_control_inputs.py"},
       {"bench/workloads/", "python3 scripts/gen_control_inputs.py"},
-      {"docs/results/e2e_pd", "build/kvserve bench e2e --kv-shape llama3-8b --prompt-tokens 4096 --bandwidths "
-                              "1,2,5,10,25,50,100 --requests 12 --load 0.9 --json --svg docs/results/e2e_pd.svg > "
+      {"docs/results/e2e_pd_qwen32b", "build/kvserve bench e2e --kv-shape qwen2.5-32b --prompt-tokens 4096 --bandwidths 2,5,10 "
+                                      "--requests 6 --repeats 2 --load 0.9 --json --svg docs/results/e2e_pd_qwen32b.svg > "
+                                      "docs/results/e2e_pd_qwen32b.json; then python3 scripts/e2e_report.py (its .md)"},
+      {"docs/results/e2e_pd", "build/kvserve bench e2e --kv-shape llama3-8b --prompt-tokens 4096 --bandwidths 1,2,5,10 "
+                              "--requests 10 --repeats 3 --load 0.9 --json --svg docs/results/e2e_pd.svg > "
                               "docs/results/e2e_pd.json; then python3 scripts/e2e_report.py (docs/results/e2e_pd.md)"},
+      {"docs/results/e2e_capacity", "build/kvserve bench e2e --kv-shape llama3-8b --prompt-tokens 1024 --bandwidths 5 --requests 2 "
+                                    "--repeats 2 --load 0.9 --static kivi2,uniform8 --capacity-gbps 5 --capacity-requests 12 "
+                                    "--capacity-steps 3 --json > docs/results/e2e_capacity.json; then python3 "
+                                    "scripts/e2e_report.py (its .md)"},
       {"docs/results/e2e_pool", "build/kvserve bench e2e --mode pool --bandwidths 5,10,15 --requests 12 --prompt-tokens 4096 "
                                 "--json --svg docs/results/e2e_pool.svg > docs/results/e2e_pool.json; then python3 "
                                 "scripts/e2e_pool_report.py (docs/results/e2e_pool.md)"},
@@ -165,22 +172,38 @@ TEST(ShippedArtefacts, ResultTablesNameCanonicalStrategies) {
 
 // The end-to-end result has the fields the current bench writes, its policies are ones the
 // current bench runs, and points above its measured link ceiling are labelled modelled.
-TEST(ShippedArtefacts, EndToEndResultHasTheCurrentFormat) {
-  const std::string rel = "docs/results/e2e_pd.json";
-  SCOPED_TRACE(Regenerate(rel));
-  const json r = ReadJson(rel);
-  for (const char* k : {"mode", "kv_shape", "link_ceiling_gbps", "points", "pipelining", "compute_model"})
-    ASSERT_TRUE(r.contains(k)) << k;
-  const double ceiling = r["link_ceiling_gbps"];
-  for (const json& p : r["points"]) {
-    for (const char* k : {"gbps", "policy", "measured", "mean_ms", "p50_ms", "p99_ms", "ttft_p99_ms", "slo_attainment",
-                          "wire_bytes", "quality", "capacity_rps_modelled"})
-      ASSERT_TRUE(p.contains(k)) << k << " in " << p.dump();
-    EXPECT_EQ(p["measured"].get<bool>(), p["gbps"].get<double>() <= 0.9 * ceiling) << p.dump();
-    const std::string policy = p["policy"];
-    EXPECT_TRUE(policy == "none" || policy == "adaptive" || policy.rfind("static:", 0) == 0) << policy;
+// The end-to-end results (every shipped PD run: shapes, capacity) have the fields the current
+// bench writes — the testbed they ran on, the calibration, intervals and paired ratios — their
+// policies are ones the current bench runs, and points above the measured link ceiling are
+// labelled modelled.
+TEST(ShippedArtefacts, EndToEndResultsHaveTheCurrentFormat) {
+  std::vector<std::string> results;
+  for (const std::string& rel : Files("docs/results", ".json"))
+    if (rel.rfind("docs/results/e2e_pd", 0) == 0 || rel.rfind("docs/results/e2e_capacity", 0) == 0) results.push_back(rel);
+  ASSERT_GE(results.size(), 2u);
+  for (const std::string& rel : results) {
+    SCOPED_TRACE(Regenerate(rel));
+    const json r = ReadJson(rel);
+    for (const char* k : {"mode", "kv_shape", "link_ceiling_gbps", "link_ceiling_readings_gbps", "points", "pipelining",
+                          "compute_model", "nodes", "link", "calibration", "ratios", "repeats"})
+      ASSERT_TRUE(r.contains(k)) << k;
+    EXPECT_TRUE(r["calibration"].contains("checks") && r["calibration"].contains("wire_payload_share"));
+    const double ceiling = r["link_ceiling_gbps"];
+    for (const json& p : r["points"]) {
+      for (const char* k : {"gbps", "policy", "measured", "mean_ms", "p50_ms", "p99_ms", "ttft_p99_ms", "slo_attainment",
+                            "wire_bytes", "quality", "capacity_rps_modelled", "valid", "ci95", "vs_none", "repeat_mean_ms"})
+        ASSERT_TRUE(p.contains(k)) << k << " in " << p.dump();
+      EXPECT_EQ(p["measured"].get<bool>(), p["gbps"].get<double>() <= 0.9 * ceiling) << p.dump();
+      const std::string policy = p["policy"];
+      EXPECT_TRUE(policy == "none" || policy == "adaptive" || policy.rfind("static:", 0) == 0) << policy;
+    }
+    for (const char* k : {"sum_ms", "max_ms", "observed_ms"}) EXPECT_TRUE(r["pipelining"].contains(k)) << k;
+    if (r.contains("capacity_measured")) {
+      for (const json& c : r["capacity_measured"])
+        for (const char* k : {"policy", "gbps", "rps", "per_repeat_rps", "runs", "modelled_rps", "at_upper_end"})
+          EXPECT_TRUE(c.contains(k)) << k;
+    }
   }
-  for (const char* k : {"sum_ms", "max_ms", "observed_ms"}) EXPECT_TRUE(r["pipelining"].contains(k)) << k;
 }
 
 TEST(ShippedArtefacts, FuzzSeedFramesAreCurrentFrames) {
