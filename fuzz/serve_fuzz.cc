@@ -1,8 +1,10 @@
 // libFuzzer target: arbitrary bytes as each serving parser's input — the HTTP request JSON
 // (ParseServeRequest, the router's RouteRequest) and the decode port's request, resend, result
-// and error messages. Each must fail with a status or give values within the limits it was
+// and error messages, and the benchmark driver's reading of a node's answer
+// (ServeResponseFromJson). Each must fail with a status or give values within the limits it was
 // given: token ids below the vocabulary, a resend list of distinct frames the request has, no
-// more tokens than were asked for, a forwarded body that a node parses again.
+// more tokens than were asked for, a forwarded body that a node parses again, non-negative ids
+// and timings in an answer.
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "kvserve/serve.h"
+#include "kvserve/testbed.h"
 #include "serve/wire.h"
 
 namespace {
@@ -62,5 +65,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (t < 0 || uint32_t(t) >= kVocab) __builtin_trap();
   }
   (void)serve_internal::ParseErrorMessage(bytes);
+  auto answer = ServeResponseFromJson(text);
+  if (answer.ok()) {
+    for (int t : answer->tokens)
+      if (t < 0) __builtin_trap();
+    const StageTimings& st = answer->timings;
+    for (double v : {st.queue_s, st.prefill_s, st.encode_s, st.wire_s, st.decode_s, st.transfer_s, st.generate_s, st.total_s})
+      if (!(v >= 0)) __builtin_trap();
+  }
   return 0;
 }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <cstdio>
@@ -131,6 +132,7 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpec& spec)
     char buf[512];
     ssize_t n = 0;
     const int ready = left_ms <= 0 ? 0 : ::poll(&pfd, 1, left_ms);
+    if (ready < 0 && errno == EINTR) continue;  // a signal, not the child
     if (ready > 0) n = ::read(c->out_fd_, buf, sizeof buf);
     if (ready <= 0 || n <= 0) {
       // No line in time, or its stdout closed: it exited (a bad flag, a port in use) or hangs.

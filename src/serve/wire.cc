@@ -234,8 +234,9 @@ Result<ServeResponse> ServeResponseFromJson(std::string_view body) {
   }
   if (!j.contains("tokens") || !j["tokens"].is_array()) return Status::Corrupt("answer: 'tokens' is not an array");
   for (const json& t : j["tokens"]) {
-    if (!t.is_number_integer()) return Status::Corrupt("answer: 'tokens' holds " + Dump(t) + ", not a token id");
-    r.tokens.push_back(t.get<int>());
+    const bool id = t.is_number_unsigned() ? t.get<uint64_t>() <= uint64_t(INT32_MAX) : t.is_number_integer() && t.get<int64_t>() >= 0;
+    if (!id) return Status::Corrupt("answer: 'tokens' holds " + Dump(t) + ", not a token id");
+    r.tokens.push_back(int(t.get<int64_t>()));
   }
   if (!j.contains("timings_ms") || !j["timings_ms"].is_object()) return Status::Corrupt("answer has no 'timings_ms' object");
   const json& t = j["timings_ms"];
