@@ -69,6 +69,7 @@ struct E2eFlags {
 
 // This run's namespaces: kb<pid>-a and kb<pid>-b (short enough for the veth names).
 std::string NetnsPrefix() { return "kb" + std::to_string(::getpid() % 100000); }
+std::string NetnsScript() { return SourceDir() + "/scripts/netns-link.sh"; }
 
 // ---- The process testbed's Ctrl-C: a thread waits for SIGINT/SIGTERM, stops the live testbed
 // (its processes and namespaces) and exits 130. Started before any other thread, so every thread
@@ -91,7 +92,7 @@ void StopTestbedOnSignal() {
       if (g_live != nullptr) g_live->Stop();
       // A testbed still starting is not live yet: its children die with this process
       // (PR_SET_PDEATHSIG); its namespaces are removed here.
-      NetnsLink::Remove(SourceDir() + "/scripts/netns-link.sh", NetnsPrefix());
+      NetnsLink::Remove(NetnsScript(), NetnsPrefix());
       std::fprintf(stderr, "bench e2e: stopped by signal %d; its node processes and namespaces are gone\n", sig);
       std::_Exit(130);
     }).detach();
@@ -131,7 +132,7 @@ E2eSetup SetupOf(const E2eFlags& f, const SyntheticModel& sm, const Profile& pro
   s.nodes = f.nodes;
   s.link = f.link_used;
   s.kvserve_exe = f.kvserve_exe;
-  s.netns_script = SourceDir() + "/scripts/netns-link.sh";
+  s.netns_script = NetnsScript();
   s.netns_prefix = NetnsPrefix();
   s.cpu_prefill = f.cpu_prefill, s.cpu_decode = f.cpu_decode, s.cpu_router = f.cpu_router;
   s.send_delay_ns = f.inject_send_delay_ns;
@@ -286,7 +287,7 @@ Result<std::vector<double>> LinkCeilingReadings(const E2eFlags& f) {
   std::unique_ptr<NetnsLink> veth;
   LinkEnds ends;
   if (f.link_used == "netns") {
-    KV_ASSIGN_OR_RETURN(veth, NetnsLink::Up(SourceDir() + "/scripts/netns-link.sh", NetnsPrefix(), 0));
+    KV_ASSIGN_OR_RETURN(veth, NetnsLink::Up(NetnsScript(), NetnsPrefix(), 0));
     ends = {veth->receiver(), NetnsLink::kReceiverIp, veth->sender()};
   }
   std::vector<double> readings;
@@ -343,7 +344,7 @@ Status ResolveTestbed(E2eFlags* f) {
   f->link_used = f->link == "auto" ? "netns" : f->link;
   if (f->link_used == "netns") {
     // A probe: the namespaces this run would make, made and removed once.
-    auto probe = NetnsLink::Up(SourceDir() + "/scripts/netns-link.sh", NetnsPrefix(), 0);
+    auto probe = NetnsLink::Up(NetnsScript(), NetnsPrefix(), 0);
     if (!probe.ok()) {
       if (f->link == "netns" || probe.status().code() != StatusCode::kUnavailable) return probe.status();
       f->link_used = "shaper";
@@ -502,7 +503,9 @@ Status RunE2e(E2eFlags f) {
     for (const Policy& pol : policies) {
       if (pol.name != "none" && pol.name != "adaptive" && (best == nullptr || pol.name != best->policy)) continue;
       const uint32_t tokens = uint32_t(std::lround(mean_tokens));
-      KV_ASSIGN_OR_RETURN(double modelled, ModelledCapacity(setup, pol, gbps, tokens, f.seed + 17));
+      double modelled = 0;  // the point's own modelled capacity (same prompts, same seed)
+      for (const Point& p : points)
+        if (p.gbps == gbps && p.policy == pol.name) modelled = p.capacity_rps;
       const double guide = modelled > 0 ? modelled : 0.1;
       auto progress = [&](double rate, bool meets) {
         if (StderrIsTerminal() || !f.as_json)

@@ -162,7 +162,7 @@ TEST(Testbed, NetnsLinkIsMadeAndRemovedOrSaysWhyNot) {
       EXPECT_EQ(link.status().code(), StatusCode::kUnavailable) << link.status().ToString();
       EXPECT_NE(link.status().message().find("skipped"), std::string::npos) << link.status().ToString();
       EXPECT_TRUE(NetnsWithPrefix(prefix).empty());
-      GTEST_SKIP() << link.status().ToString();
+      return;  // that refusal is this machine's behaviour, and it was checked above
     }
     EXPECT_EQ(NetnsWithPrefix(prefix).size(), 2u);
     // A child started in the receiver namespace sees the veth's address there; this thread can
