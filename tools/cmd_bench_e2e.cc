@@ -12,9 +12,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 
 #include "cli.h"
@@ -136,6 +136,12 @@ E2eSetup SetupOf(const E2eFlags& f, const SyntheticModel& sm, const Profile& pro
   s.netns_prefix = NetnsPrefix();
   s.cpu_prefill = f.cpu_prefill, s.cpu_decode = f.cpu_decode, s.cpu_router = f.cpu_router;
   s.send_delay_ns = f.inject_send_delay_ns;
+  s.mode = f.mode;
+  s.pool_backend = f.backend;
+  s.pool_address = f.pool_address;
+  s.chunk_tokens = f.chunk_tokens;
+  s.suffix_tokens = f.suffix_tokens;
+  s.pool_capacity_mib = f.pool_capacity_mib;
   s.wire_payload_share = f.link_used == "netns" ? kKernelLinkPayloadShare : 1.0;
   s.router_client = [](const std::string& address, const std::string& netns) { return RouterClient(address, netns, 600); };
   s.on_live = [](ProcessTestbed* t) {
@@ -157,6 +163,65 @@ json CalibrationJson(const LoneRequestCheck& c) {
             {"stages", stages}, {"valid", c.valid}};
   if (!c.valid) j["fault"] = c.fault;
   return j;
+}
+
+json CalibrationSection(const E2eFlags& f, const std::vector<LoneRequestCheck>& checks, double payload_share) {
+  json cal = json::array();
+  bool valid = true;
+  for (const LoneRequestCheck& c : checks) cal.push_back(CalibrationJson(c)), valid = valid && c.valid;
+  return {{"tolerance", {{"relative", f.calibration_tolerance}, {"absolute_ms", CalibrationTolerance{}.absolute_s * 1e3}}},
+          {"wire_payload_share", payload_share},
+          {"checks", cal},
+          {"valid", valid}};
+}
+
+// Said after the figures are written, so a failed calibration still leaves them to look at.
+Status CalibrationVerdict(const E2eFlags& f, const std::vector<LoneRequestCheck>& checks) {
+  std::string which;
+  size_t off = 0;
+  for (const LoneRequestCheck& c : checks) {
+    if (c.valid) continue;
+    char b[160];
+    std::snprintf(b, sizeof b, "%s%s at %g Gbit/s: %.0f ms against %.0f predicted (%s)", which.empty() ? "" : "; ", c.policy.c_str(),
+                  c.gbps, c.measured_s * 1e3, c.predicted_s * 1e3, c.fault.c_str());
+    which += b;
+    ++off;
+  }
+  if (off == 0 || f.allow_uncalibrated) return Status::Ok();
+  return Status::OutOfRange("calibration: " + std::to_string(off) + " lone request(s) off their prediction by more than " +
+                            json(f.calibration_tolerance * 100).dump() + "% or 50 ms — " + which +
+                            "; their points say \"valid\": false (--allow-uncalibrated exits 0)");
+}
+
+void PrintCalibration(const std::vector<LoneRequestCheck>& checks, const char* predicted) {
+  std::printf("calibration (each policy alone; predicted = %s):\n", predicted);
+  for (const LoneRequestCheck& c : checks) {
+    std::printf("  %g Gbit/s %-18s %8.1f ms measured, %8.1f predicted (%.2fx)%s%s\n", c.gbps, c.policy.c_str(), c.measured_s * 1e3,
+                c.predicted_s * 1e3, c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0.0, c.valid ? "" : "  OFF: ",
+                c.valid ? "" : c.fault.c_str());
+  }
+}
+
+bool IsStatic(const Point& p) { return p.policy.rfind("static:", 0) == 0; }
+
+// The points one bandwidth's ratios are made of (points[first...]): none, adaptive, and the
+// rival with the lowest `figure`.
+struct RatioPoints {
+  const Point* none = nullptr;
+  const Point* adaptive = nullptr;
+  const Point* best = nullptr;
+};
+
+RatioPoints FindRatioPoints(const std::vector<Point>& points, size_t first, const std::function<bool(const Point&)>& rival,
+                            double Point::*figure) {
+  RatioPoints r;
+  for (size_t i = first; i < points.size(); ++i) {
+    const Point& p = points[i];
+    if (p.policy == "none") r.none = &p;
+    if (p.policy == "adaptive") r.adaptive = &p;
+    if (rival(p) && (r.best == nullptr || p.*figure < r.best->*figure)) r.best = &p;
+  }
+  return r;
 }
 
 // `what` names the plotted figure (each point's mean_ms); hollow points are modelled.
@@ -245,6 +310,29 @@ Status WriteText(const std::string& path, const std::string& text) {
 
 std::string CoreName(int cpu) { return cpu < 0 ? "unpinned" : std::to_string(cpu); }
 
+// Which core each node process ran on.
+json CoresJson(const E2eFlags& f) {
+  if (f.nodes != "process") return "shared";
+  if (f.mode == "pool") {
+    json c = {{"pool_node", CoreName(f.cpu_prefill)}, {"router", CoreName(f.cpu_router)}};
+    if (f.backend == "redis") c["redis_server"] = CoreName(f.cpu_decode);
+    return c;
+  }
+  return {{"prefill", CoreName(f.cpu_prefill)}, {"decode", CoreName(f.cpu_decode)}, {"router", CoreName(f.cpu_router)}};
+}
+
+std::string NodesNote(const E2eFlags& f) {
+  if (f.nodes != "process") {
+    return f.mode == "pool" ? "one process: the pool node (and an embedded pool) shares these cores with the driver"
+                            : "one process: prefill and decode nodes share these cores";
+  }
+  if (f.mode == "pool") {
+    return f.backend == "redis" ? "separate processes (router, pool node, redis-server), each pinned to its core; the driver in the bench process"
+                                : "separate processes (router, pool node with its embedded pool), each pinned to its core; the driver in the bench process";
+  }
+  return "separate processes (router, prefill, decode), each pinned to its core; the driver in the bench process";
+}
+
 // The fields every e2e result starts with: what ran, the compute model, the link ceiling, the load.
 json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, const char* mode, const char* note) {
   return {{"mode", mode},
@@ -270,12 +358,8 @@ json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, cons
           {"codec", {{"runs_on", "host CPU"},
                      {"threads_per_node", f.threads},
                      {"cores_on_machine", std::thread::hardware_concurrency()},
-                     {"cores", f.nodes == "process" ? json{{"prefill", CoreName(f.cpu_prefill)}, {"decode", CoreName(f.cpu_decode)},
-                                                           {"router", CoreName(f.cpu_router)}}
-                                                     : json("shared")},
-                     {"nodes", f.nodes == "process"
-                                   ? "separate processes (router, prefill, decode), each pinned to its core; the driver in the bench process"
-                                   : "one process: prefill and decode nodes share these cores"}}}};
+                     {"cores", CoresJson(f)},
+                     {"nodes", NodesNote(f)}}}};
 }
 
 // What the link kind carries on this machine, read three times: one reading on a noisy machine
@@ -302,8 +386,20 @@ Result<std::vector<double>> LinkCeilingReadings(const E2eFlags& f) {
 // kernel's link where this process may make namespaces, and one core per node where there are
 // cores enough. Says on stderr what it fell back from.
 Status ResolveTestbed(E2eFlags* f) {
-  if (f->nodes.empty()) f->nodes = f->mode == "pd" ? "process" : "inproc";
-  if (f->nodes == "process" && f->mode != "pd") return Status::InvalidArgument("--nodes process is for --mode pd; pool mode runs in process");
+  const bool pool = f->mode == "pool";
+  if (f->nodes.empty()) f->nodes = pool && f->backend == "redis-cluster" ? "inproc" : "process";
+  if (pool && f->nodes == "process") {
+    if (f->backend == "redis-cluster") {
+      return Status::InvalidArgument("--backend redis-cluster runs with --nodes inproc and --pool-address of a running cluster node");
+    }
+    if (!f->pool_address.empty()) {
+      return Status::InvalidArgument("--pool-address is for --nodes inproc: node processes run a redis-server of their own");
+    }
+  }
+  if (pool && f->nodes == "inproc" && f->backend != "embedded" && f->pool_address.empty()) {
+    return Status::InvalidArgument("--backend " + f->backend + " with --nodes inproc needs --pool-address HOST:PORT of a running server "
+                                   "(e.g. redis-server --port 6390 --save ''), or --nodes process to start one");
+  }
   if (f->nodes == "process" && (f->prefill_tps > 0 || f->decode_tps > 0)) {
     return Status::InvalidArgument("--prefill-tps/--decode-tps set the in-process nodes' compute; node processes take it from "
                                    "--kv-shape and --gpu (or use --nodes inproc)");
@@ -311,7 +407,7 @@ Status ResolveTestbed(E2eFlags* f) {
   if (f->nodes == "inproc") {
     if (f->link == "netns") return Status::InvalidArgument("--link netns needs --nodes process (the namespaces hold processes)");
     f->link_used = "shaper";
-    f->link_note = "in-process token bucket on loopback TCP";
+    f->link_note = pool ? "in-process token bucket in front of the pool" : "in-process token bucket on loopback TCP";
     return Status::Ok();
   }
   char exe[4096];
@@ -341,6 +437,14 @@ Status ResolveTestbed(E2eFlags* f) {
     }
     if (k < 2) return Status::InvalidArgument("--cpus '" + list + "': give the prefill and the decode node's cores");
   }
+  if (pool && f->backend == "embedded") {
+    if (f->link == "netns") {
+      return Status::InvalidArgument("--link netns needs a pool across the link (--backend redis): an embedded pool lives in the pool node");
+    }
+    f->link_used = "shaper";
+    f->link_note = "in the pool node: a token bucket paces its embedded pool's traffic";
+    return Status::Ok();
+  }
   f->link_used = f->link == "auto" ? "netns" : f->link;
   if (f->link_used == "netns") {
     // A probe: the namespaces this run would make, made and removed once.
@@ -348,11 +452,17 @@ Status ResolveTestbed(E2eFlags* f) {
     if (!probe.ok()) {
       if (f->link == "netns" || probe.status().code() != StatusCode::kUnavailable) return probe.status();
       f->link_used = "shaper";
-      f->link_note = "in the prefill process: a token bucket on loopback TCP (the kernel's link was not allowed: " +
-                     probe.status().message() + ")";
+      f->link_note = std::string(pool ? "in the pool node" : "in the prefill process") +
+                     ": a token bucket on loopback TCP (the kernel's link was not allowed: " + probe.status().message() + ")";
       std::fprintf(stderr, "bench e2e: %s\n", f->link_note.c_str());
       return Status::Ok();
     }
+  }
+  if (pool) {
+    f->link_note = f->link_used == "netns"
+                       ? "veth between two network namespaces, shaped by the kernel (tc tbf); pool node and router in one, redis-server in the other"
+                       : "in the pool node: a token bucket paces its traffic to redis-server on loopback TCP";
+    return Status::Ok();
   }
   f->link_note = f->link_used == "netns"
                      ? "veth between two network namespaces, shaped by the kernel (tc tbf); prefill and router in one, decode in the other"
@@ -376,6 +486,7 @@ Status RunE2e(E2eFlags f) {
   if (f.mode == "pool") {
     if (f.quick) {
       if (!f.bandwidths_given) f.bandwidths = {2, 15};
+      if (!f.repeats_given) f.repeats = 1;
       f.requests = std::min<uint32_t>(f.requests, 8), f.prompt_tokens = std::min<uint32_t>(f.prompt_tokens, 1024);
     }
     return RunPoolMode(f);
@@ -464,15 +575,7 @@ Status RunE2e(E2eFlags f) {
     }
     // Ratios at this bandwidth, paired by repeat: none over each policy, and the best static
     // (lowest mean JCT) over adaptive.
-    const Point* none = nullptr;
-    const Point* adaptive = nullptr;
-    const Point* best = nullptr;
-    for (size_t i = first; i < points.size(); ++i) {
-      const Point& p = points[i];
-      if (p.policy == "none") none = &p;
-      if (p.policy == "adaptive") adaptive = &p;
-      if (p.policy.rfind("static:", 0) == 0 && (best == nullptr || p.mean_ms < best->mean_ms)) best = &p;
-    }
+    const auto [none, adaptive, best] = FindRatioPoints(points, first, IsStatic, &Point::mean_ms);
     for (size_t i = first; none && i < points.size(); ++i) points[i].vs_none = PairedRatio(*none, points[i]);
     if (none && adaptive) {
       json r = {{"gbps", gbps}, {"measured", measured}, {"none_over_adaptive", CiJson(PairedRatio(*none, *adaptive))}};
@@ -545,40 +648,15 @@ Status RunE2e(E2eFlags f) {
   out["statistics"] = "each measured point: the mean of its repeats' figures (fresh nodes, policies in rotating order, the "
                       "same arrivals), ci95 = half-width of the 95% Student-t interval; percentiles by linear interpolation; "
                       "ratios paired by repeat";
-  json cal = json::array();
-  size_t off = 0;
-  for (const LoneRequestCheck& c : checks) cal.push_back(CalibrationJson(c)), off += !c.valid;
-  out["calibration"] = {{"tolerance", {{"relative", f.calibration_tolerance}, {"absolute_ms", CalibrationTolerance{}.absolute_s * 1e3}}},
-                        {"wire_payload_share", setup.wire_payload_share},
-                        {"checks", cal},
-                        {"valid", off == 0}};
-  // Said after the figures are written, so a failed calibration still leaves them to look at.
-  auto verdict = [&]() -> Status {
-    if (off == 0 || f.allow_uncalibrated) return Status::Ok();
-    std::string which;
-    for (const LoneRequestCheck& c : checks) {
-      if (c.valid) continue;
-      char b[160];
-      std::snprintf(b, sizeof b, "%s%s at %g Gbit/s: %.0f ms against %.0f predicted (%s)", which.empty() ? "" : "; ",
-                    c.policy.c_str(), c.gbps, c.measured_s * 1e3, c.predicted_s * 1e3, c.fault.c_str());
-      which += b;
-    }
-    return Status::OutOfRange("calibration: " + std::to_string(off) + " lone request(s) off their prediction by more than " +
-                              json(f.calibration_tolerance * 100).dump() + "% or 50 ms — " + which +
-                              "; their points say \"valid\": false (--allow-uncalibrated exits 0)");
-  };
+  out["calibration"] = CalibrationSection(f, checks, setup.wire_payload_share);
+  auto verdict = [&] { return CalibrationVerdict(f, checks); };
   if (!f.svg.empty()) KV_RETURN_IF_ERROR(WriteText(f.svg, PlotSvg(points, policies, ceiling)));
   if (f.as_json) {
     std::printf("%s\n", out.dump(1).c_str());
     std::fflush(stdout);  // whole, before the verdict's line on stderr
     return verdict();
   }
-  std::printf("calibration (each policy alone; predicted = prefill + frames pipelined at the link rate + generation):\n");
-  for (const LoneRequestCheck& c : checks) {
-    std::printf("  %g Gbit/s %-18s %8.1f ms measured, %8.1f predicted (%.2fx)%s%s\n", c.gbps, c.policy.c_str(), c.measured_s * 1e3,
-                c.predicted_s * 1e3, c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0.0, c.valid ? "" : "  OFF: ",
-                c.valid ? "" : c.fault.c_str());
-  }
+  PrintCalibration(checks, "prefill + frames pipelined at the link rate + generation");
   std::printf("PD end to end: %s KV (%.0f KiB/token), %u requests of %.0f prompt tokens, load %.2f, %s arrivals\n", sm.name.c_str(),
               sm.kv_bytes_per_token() / 1024.0, f.requests, mean_tokens, f.load, f.arrival.c_str());
   std::printf("link ceiling %.1f Gbit/s (lowest of %zu readings, %.1f to %.1f); %u repeats per measured point, mean ± 95%% CI\n",
@@ -608,106 +686,106 @@ Status RunE2e(E2eFlags f) {
 
 
 // ---- --mode pool: KV disaggregation --------------------------------------------------------------
-// Requests whose prompts are a shared document (prefix) plus their own suffix, through a PoolNode
-// per policy, with the pool behind a link shaped to each bandwidth. TTFT is what counts here.
+// Requests whose prompts are a shared document (prefix) plus their own suffix, through a pool node
+// per policy (a process with its own redis-server, or in this process), the pool behind a link
+// shaped to each bandwidth. TTFT is what counts here.
 Status RunPoolMode(const E2eFlags& f) {
   KV_ASSIGN_OR_RETURN(SyntheticModel sm, ModelOf(f));
   KV_ASSIGN_OR_RETURN(Profile profile, LoadProfile(f.profile));
   KV_ASSIGN_OR_RETURN(std::vector<Policy> policies, LoadPolicies(f));
   policies.insert(policies.begin() + 1, Policy{"recompute", "recompute"});
   const E2eSetup setup = SetupOf(f, sm, profile);
-  std::unique_ptr<KvPool> pool;
-  if (f.backend == "embedded") {
-    pool = MakeEmbeddedPool({.capacity_bytes = f.pool_capacity_mib << 20});
-  } else {
-    if (f.pool_address.empty()) {
-      return Status::InvalidArgument("--backend " + f.backend + " needs --pool-address HOST:PORT of a running server "
-                                     "(e.g. redis-server --port 6390 --save '')");
-    }
-    RedisPoolOptions ro;
-    ro.address = f.pool_address;
-    ro.cluster = f.backend == "redis-cluster";
-    ro.timeout_s = 30;
-    KV_ASSIGN_OR_RETURN(pool, MakeRedisPool(ro));
-  }
-  const uint32_t prefix = f.prompt_tokens, n = prefix + f.suffix_tokens;
-  // Which document each request reuses: a new one, or with probability `reuse` one seen before.
-  std::mt19937_64 rng(f.seed);
-  std::vector<uint32_t> doc_of;
-  uint32_t n_docs = 0;
+  const uint32_t prefix = f.prompt_tokens;
+  const std::vector<uint32_t> doc_of = PoolDocuments(f.requests, f.reuse, f.seed);
+  std::vector<ServeRequest> requests;
   for (uint32_t i = 0; i < f.requests; ++i) {
-    const bool reuse = n_docs > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < f.reuse;
-    doc_of.push_back(reuse ? uint32_t(rng() % n_docs) : n_docs++);
+    ServeRequest r = E2eRequest(setup, i + 1, 0);
+    r.prompt = PoolPrompt(doc_of[i], i, prefix, f.suffix_tokens);
+    requests.push_back(std::move(r));
   }
-  auto prompt_of = [&](uint32_t i) {
-    std::vector<int> p(n);
-    for (uint32_t j = 0; j < n; ++j) {
-      const uint64_t salt = j < prefix ? doc_of[i] : 1000003ull + i;
-      p[j] = int(1 + (salt * 7919 + uint64_t(j) * 104729) % 30000);
-    }
-    return p;
-  };
   KV_ASSIGN_OR_RETURN(std::vector<double> readings, LinkCeilingReadings(f));
   const double ceiling = *std::min_element(readings.begin(), readings.end());
+  // An embedded pool's link is a token bucket in the node: nothing on this machine limits it.
+  auto machine_limited = [&](double gbps) { return f.backend != "embedded" && gbps > 0.9 * ceiling; };
   const double prefix_bytes = double(prefix) * sm.kv_bytes_per_token();
-  std::map<std::string, double> quality_of = {{"none", 1.0}};
-  for (const ProfileEntry& e : profile.pareto) quality_of[e.spec] = e.quality;
-  for (const Policy& p : policies) if (!p.spec.empty() && p.name != "recompute") quality_of[p.spec] = p.quality;
+  // The instrument first: each policy's lone request with its prefix stored, on every link.
+  std::vector<LoneRequestCheck> checks;
+  for (double gbps : f.bandwidths) {
+    if (machine_limited(gbps)) continue;
+    for (const Policy& pol : policies) {
+      if (StderrIsTerminal() || !f.as_json) std::fprintf(stderr, "bench e2e --mode pool: calibrating %s at %g Gbit/s...\n", pol.name.c_str(), gbps);
+      KV_ASSIGN_OR_RETURN(LoneRequestCheck c, CalibratePolicy(setup, pol, gbps, prefix, {.relative = f.calibration_tolerance}));
+      checks.push_back(std::move(c));
+    }
+  }
+  auto calibrated = [&](double gbps, const std::string& policy) {
+    for (const LoneRequestCheck& c : checks)
+      if (c.gbps == gbps && c.policy == policy) return c.valid;
+    return false;  // not checked: the machine limits this link
+  };
   std::vector<Point> points;
+  json ratios = json::array();
   for (double gbps : f.bandwidths) {
     // Poisson arrivals at the rate that loads the uncompressed pool link to `load` with hits.
     const double rate = f.arrival == "burst" ? 0 : f.load * gbps * 1e9 / 8 / prefix_bytes;
     const std::vector<double> arrivals = PoissonArrivals(rate, f.requests, f.seed + 1);
-    for (const Policy& pol : policies) {
-      if (StderrIsTerminal() || !f.as_json) std::fprintf(stderr, "bench e2e --mode pool: %s at %g Gbit/s...\n", pol.name.c_str(), gbps);
-      KV_RETURN_IF_ERROR(pool->Clear());
-      LinkShaper shaper(gbps);
-      PoolNodeOptions o;
-      o.synthetic = &sm;
-      o.pool = pool.get();
-      o.pool_link = &shaper;
-      o.chunk_tokens = f.chunk_tokens;
-      o.policy = pol.name == "adaptive" ? "adaptive" : pol.spec;
-      o.profile = &profile;
-      o.assume_gbps = gbps;
-      o.threads = Pool(f.threads);
-      KV_ASSIGN_OR_RETURN(std::unique_ptr<PoolNode> node, PoolNode::Create(o));
-      KV_RETURN_IF_ERROR(node->Prepare(n));
-      std::vector<ServeRequest> requests;
-      for (uint32_t i = 0; i < f.requests; ++i) {
-        ServeRequest r = E2eRequest(setup, i + 1, 0);
-        r.prompt = prompt_of(i);
-        requests.push_back(std::move(r));
+    std::map<std::string, std::vector<Point>> reps;
+    for (uint32_t r = 0; r < f.repeats; ++r) {
+      for (size_t k = 0; k < policies.size(); ++k) {
+        const Policy& pol = policies[(k + r) % policies.size()];
+        if (StderrIsTerminal() || !f.as_json) {
+          std::fprintf(stderr, "bench e2e --mode pool: %s at %g Gbit/s (repeat %u of %u)...\n", pol.name.c_str(), gbps, r + 1, f.repeats);
+        }
+        KV_ASSIGN_OR_RETURN(Point p, RunMeasuredRequests(setup, pol, gbps, requests, arrivals, SayError));
+        reps[pol.name].push_back(std::move(p));
       }
-      PoolNode* served = node.get();
-      const std::vector<Result<ServeResponse>> answers =
-          DriveArrivals([served](const ServeRequest& r) { return served->Serve(r); }, requests, arrivals);
-      Point p = SummarisePool(answers, setup, pol, gbps, arrivals.back(), quality_of, SayError);
-      if (p.errors == answers.size()) return Status::Unavailable("every request of " + pol.name + " failed");
+    }
+    const size_t first = points.size();
+    for (const Policy& pol : policies) {
+      Point p = AggregateRepeats(reps[pol.name]);
+      p.valid = calibrated(gbps, pol.name);
       points.push_back(std::move(p));
+    }
+    // Ratios of mean TTFT at this bandwidth, paired by repeat: none over each policy; the best
+    // other policy (recompute or a static) over adaptive.
+    const auto [none, adaptive, best] = FindRatioPoints(
+        points, first, [](const Point& p) { return p.policy == "recompute" || IsStatic(p); }, &Point::ttft_mean_ms);
+    for (size_t i = first; none && i < points.size(); ++i) points[i].vs_none = PairedTtftRatio(*none, points[i]);
+    if (none && adaptive) {
+      json r = {{"gbps", gbps}, {"none_over_adaptive", CiJson(PairedTtftRatio(*none, *adaptive))}};
+      if (best) r["best_other"] = best->policy, r["best_other_over_adaptive"] = CiJson(PairedTtftRatio(*best, *adaptive));
+      ratios.push_back(r);
     }
   }
   json out = RunHeader(f, sm, ceiling, "pool", "synthetic KV and modelled GPU compute; codec, pool and link pacing are real");
   out["link_ceiling_readings_gbps"] = readings;
-  out["backend"] = pool->name();
-  out["pool_link"] = f.backend == "embedded" ? "in-process token bucket in front of the embedded pool"
-                                             : "loopback TCP to the server, paced by an in-process token bucket";
+  out["backend"] = f.backend;
+  out["pool_link"] = f.link_note;
   out["prefix_tokens"] = prefix;
   out["suffix_tokens"] = f.suffix_tokens;
   out["chunk_tokens"] = f.chunk_tokens;
   out["reuse"] = f.reuse;
-  out["ttft_definition"] = "arrival at the node to the first token (prefix fetched or computed, suffix computed)";
+  out["repeats"] = f.repeats;
+  out["ttft_definition"] = "scheduled arrival to the first token at the client (prefix fetched or computed, suffix computed)";
+  out["statistics"] = "each point: the mean of its repeats' figures (fresh nodes and pool, policies in rotating order, the "
+                      "same arrivals), ci95 = half-width of the 95% Student-t interval; ratios of mean TTFT paired by repeat";
   json pts = json::array();
   for (const Point& p : points) {
     json j = PointJson(p);
-    j["machine_limited"] = f.backend != "embedded" && p.gbps > 0.9 * ceiling;
+    j["machine_limited"] = machine_limited(p.gbps);
     j["ttft_mean_ms"] = p.ttft_mean_ms;
     j["hit_ttft_mean_ms"] = p.hit_ttft_mean_ms;
     j["hit_ttft_p99_ms"] = p.hit_ttft_p99_ms;
     j["hit_rate"] = p.hit_rate;
+    j["ci95"]["ttft_mean_ms"] = p.ttft_mean_ci;
+    j["ci95"]["hit_ttft_mean_ms"] = p.hit_ttft_mean_ci;
+    j["repeat_ttft_mean_ms"] = p.repeat_ttft_means;
+    j["vs_none"] = CiJson(p.vs_none);
     pts.push_back(std::move(j));
   }
   out["points"] = pts;
+  out["ratios"] = ratios;
+  out["calibration"] = CalibrationSection(f, checks, setup.wire_payload_share);
   if (!f.svg.empty()) {
     std::vector<Point> plotted = points;
     for (Point& p : plotted) p.mean_ms = std::max(1e-3, p.ttft_mean_ms);
@@ -715,22 +793,24 @@ Status RunPoolMode(const E2eFlags& f) {
   }
   if (f.as_json) {
     std::printf("%s\n", out.dump(1).c_str());
-    return Status::Ok();
+    std::fflush(stdout);
+    return CalibrationVerdict(f, checks);
   }
-  std::printf("KV pool (%s): %s KV, %u requests, %u-token shared prefixes + %u, reuse %.2f, load %.2f; link ceiling %.1f Gbit/s\n",
-              pool->name().c_str(), sm.name.c_str(), f.requests, prefix, f.suffix_tokens, f.reuse, f.load, ceiling);
-  std::printf("%7s %-18s %6s %11s %11s %11s %6s %8s %9s %s\n", "Gbit/s", "policy", "hits", "TTFT ms", "hit TTFT", "TTFT p99",
+  PrintCalibration(checks, "prefix chunks fetched at the link rate, decoded as measured, pipelined + prefill of the rest");
+  std::printf("KV pool (%s, %s): %s KV, %u requests, %u-token shared prefixes + %u, reuse %.2f, load %.2f; link ceiling %.1f Gbit/s\n",
+              f.backend.c_str(), f.nodes.c_str(), sm.name.c_str(), f.requests, prefix, f.suffix_tokens, f.reuse, f.load, ceiling);
+  std::printf("%u repeats per point, mean ± 95%% CI\n", f.repeats);
+  std::printf("%7s %-18s %6s %18s %11s %11s %6s %8s %14s %s\n", "Gbit/s", "policy", "hits", "TTFT ms", "hit TTFT", "TTFT p99",
               "SLO", "quality", "vs none", "choices");
-  double none_ms = 0;
   for (const Point& p : points) {
-    if (p.policy == "none") none_ms = p.hit_ttft_mean_ms;
     std::string ch;
     for (const auto& [k, v] : p.choices) ch += (ch.empty() ? "" : " ") + k + "=" + std::to_string(v);
-    std::printf("%7g %-18s %5.0f%% %11.1f %11.1f %11.1f %5.0f%% %8.4f %8.2fx %s\n", p.gbps, p.policy.c_str(), 100 * p.hit_rate,
-                p.ttft_mean_ms, p.hit_ttft_mean_ms, p.ttft_p99_ms, 100 * p.slo_attainment, p.quality,
-                p.hit_ttft_mean_ms > 0 ? none_ms / p.hit_ttft_mean_ms : 0.0, ch.c_str());
+    std::printf("%7g %-18s %5.0f%% %9.1f ±%7.1f %11.1f %11.1f %5.0f%% %8.4f %6.2fx ±%5.2f %s%s\n", p.gbps, p.policy.c_str(),
+                100 * p.hit_rate, p.ttft_mean_ms, p.ttft_mean_ci, p.hit_ttft_mean_ms, p.ttft_p99_ms, 100 * p.slo_attainment, p.quality,
+                p.vs_none.mean, p.vs_none.half_width, ch.c_str(), p.valid ? "" : "  (invalid)");
   }
-  return Status::Ok();
+  std::fflush(stdout);
+  return CalibrationVerdict(f, checks);
 }
 
 }  // namespace
@@ -745,8 +825,9 @@ void AddBenchE2eCommand(CLI::App& bench) {
   c->add_option("--chunk-tokens", f->chunk_tokens, "pool: tokens per stored chunk")->capture_default_str()->check(InRange(1, 1 << 16));
   c->add_option("--backend", f->backend, "pool: embedded | redis | redis-cluster")->capture_default_str()
       ->check(CLI::IsMember({"embedded", "redis", "redis-cluster"}));
-  c->add_option("--pool-address", f->pool_address, "pool: HOST:PORT of the Redis server (or a cluster node)");
-  c->add_option("--pool-capacity-mib", f->pool_capacity_mib, "pool: embedded capacity (LRU beyond)")->capture_default_str()->check(InRange(1, 1 << 24));
+  c->add_option("--pool-address", f->pool_address,
+                "pool, --nodes inproc: HOST:PORT of a running Redis server (or a cluster node); node processes start their own");
+  c->add_option("--pool-capacity-mib", f->pool_capacity_mib, "pool: capacity (embedded; redis-server's maxmemory), LRU beyond")->capture_default_str()->check(InRange(1, 1 << 24));
   auto* bandwidths =
       c->add_option("--bandwidths", f->bandwidths, "link rates in Gbit/s")->delimiter(',')->capture_default_str()->check(InRange(1e-3, 1e4));
   c->add_option("--requests", f->requests, "requests per point")->capture_default_str()->check(InRange(1, 10000));
@@ -783,14 +864,16 @@ void AddBenchE2eCommand(CLI::App& bench) {
                 "how far (relative; 50 ms at least) a lone request may be from its prediction")
       ->capture_default_str()->check(InRange(0.001, 10));
   c->add_option("--nodes", f->nodes,
-                "process: router, prefill and decode nodes as separate processes, each pinned to a core (pd default) | "
-                "inproc: both nodes in this process (pool default)")
+                "process: router, prefill and decode nodes (pool: router, pool node, redis-server) as separate processes, each "
+                "pinned to a core (default) | "
+                "inproc: the nodes in this process (pool default with --backend redis-cluster)")
       ->check(CLI::IsMember({"process", "inproc"}));
   c->add_option("--link", f->link,
                 "netns: a veth between two network namespaces shaped by the kernel (tc tbf; needs root) | shaper: a token "
                 "bucket in the sending process | auto: netns where allowed")
       ->capture_default_str()->check(CLI::IsMember({"auto", "netns", "shaper"}));
-  c->add_option("--cpus", f->cpus, "cores of the node processes: PREFILL,DECODE[,ROUTER] | auto (one each while cores last) | none")
+  c->add_option("--cpus", f->cpus, "cores of the node processes: PREFILL,DECODE[,ROUTER] (pool: POOL_NODE,REDIS[,ROUTER]) | auto (one each while "
+                "cores last) | none")
       ->capture_default_str();
   c->add_option("--capacity-gbps", f->capacity_gbps,
                 "also measure capacity at this bandwidth (one of --bandwidths, measured): for none, the best static and "

@@ -18,7 +18,7 @@ namespace kvserve {
 double PipelinedSeconds(double encode_s, double wire_s, double decode_s, uint32_t n_frames);
 
 struct StageCheck {
-  std::string stage;  // "queue", "prefill", "transfer", "generate", "other"
+  std::string stage;  // "queue", "prefill", "transfer" (pool: "fetch"), "generate", "store", "other"
   double measured_s = 0, predicted_s = 0;
 };
 
@@ -44,5 +44,12 @@ struct LoneRequestCheck {
 // request spends is overhead the check must expose.
 LoneRequestCheck CheckLoneRequest(const ServeResponse& r, const SyntheticModel& model, double gbps, uint32_t prompt_tokens,
                                   uint32_t max_new_tokens, const CalibrationTolerance& tolerance = {});
+
+// Checks a pool node's request served alone with its prefix in the pool, behind a link of
+// `gbps`, on pool mode's figure, the time to first token at the client: predicted = its fetched
+// chunks pipelined (wire = the fetched bytes at the link rate, decode as measured; chunk_tokens
+// a chunk) + prefill of the tokens it computed at the model's rate.
+LoneRequestCheck CheckLonePoolRequest(const ServeResponse& r, const SyntheticModel& model, double gbps, uint32_t prompt_tokens,
+                                      uint32_t chunk_tokens, const CalibrationTolerance& tolerance = {});
 
 }  // namespace kvserve

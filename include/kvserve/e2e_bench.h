@@ -44,12 +44,18 @@ struct E2ePoint {
   std::vector<double> repeat_means;
   uint32_t floor_violations = 0, errors = 0;
   std::map<std::string, uint32_t> choices;
-  // Pool mode
+  // Pool mode (TTFT is its figure): over repeats, the means' 95% half-widths and each repeat's
+  // mean TTFT, for paired ratios.
   double hit_rate = 0, hit_ttft_mean_ms = 0, hit_ttft_p99_ms = 0, ttft_mean_ms = 0;
+  double ttft_mean_ci = 0, hit_ttft_mean_ci = 0;
+  std::vector<double> repeat_ttft_means;
 };
 
 // What every run of one benchmark shares.
 struct E2eSetup {
+  // pd: a prefill node ships each request's KV to a decode node. pool: a pool node fetches a
+  // request's stored prefix KV from the pool (or recomputes it) and computes the rest.
+  std::string mode = "pd";
   const SyntheticModel* model = nullptr;
   const Profile* profile = nullptr;  // adaptive's controller
   std::string profile_path;          // the same, for node processes
@@ -72,6 +78,12 @@ struct E2eSetup {
   // Told of a process testbed when it is live and when it has stopped (null), so a signal can
   // stop it. Called on the thread that runs the benchmark.
   std::function<void(ProcessTestbed*)> on_live;
+  // Pool mode. Backend: embedded (a fresh pool in the pool node), redis (in process: the server
+  // at pool_address, cleared per run; as processes: a redis-server of the testbed's own) or
+  // redis-cluster (in process only). A prompt is a shared prefix plus suffix_tokens of its own.
+  std::string pool_backend = "embedded", pool_address, redis_server = "redis-server";
+  uint32_t chunk_tokens = 256, suffix_tokens = 64;
+  uint64_t pool_capacity_mib = 8192;
 };
 
 // The nodes of one measured run of `policy` on a link of `gbps`: fresh, with the synthetic KV of
@@ -87,7 +99,9 @@ class E2eBed {
   struct InProcess;
   E2eBed() = default;
   const E2eSetup* setup_ = nullptr;
+  struct InProcessPool;
   std::unique_ptr<InProcess> inproc_;
+  std::unique_ptr<InProcessPool> inproc_pool_;
   std::unique_ptr<ProcessTestbed> procs_;
   ServeFn serve_;
 };
@@ -99,6 +113,18 @@ ServeRequest E2eRequest(const E2eSetup& s, uint64_t id, uint32_t n_token);
 
 // Arrival times of n requests, Poisson at `rate` per second from `seed` (rate 0: all at once).
 std::vector<double> PoissonArrivals(double rate, size_t n, uint64_t seed);
+
+// Pool mode's workload: which document each of n requests reuses as its prefix, a new one or,
+// with probability `reuse`, one seen before (uniformly), from `seed`.
+std::vector<uint32_t> PoolDocuments(uint32_t n, double reuse, uint64_t seed);
+
+// A pool request's prompt: `prefix_tokens` of document `doc` (the same ids for every request of
+// that document) then `suffix_tokens` of its own (`own`: distinct per request).
+std::vector<int> PoolPrompt(uint64_t doc, uint64_t own, uint32_t prefix_tokens, uint32_t suffix_tokens);
+
+// The quality a pool answer had: 1 for none (and a miss), the profile's for its strategies, the
+// policy's own for its strategy.
+std::map<std::string, double> PoolQualityOf(const E2eSetup& s, const E2ePolicy& policy);
 
 // The answers of a point as its figures: JCT from the driver, TTFT = JCT less generation (the
 // KV decoded at the decode node), the SLO on TTFT. Failed requests count in `errors`; `on_error`
@@ -113,7 +139,13 @@ E2ePoint SummarisePool(const std::vector<Result<ServeResponse>>& answers, const 
                        double gbps, double last_arrival_s, const std::map<std::string, double>& quality_of,
                        const std::function<void(const Status&)>& on_error);
 
-// Measured: every request through fresh nodes (E2eBed) at its arrival time.
+// Measured: these requests through fresh nodes (E2eBed) at their arrival times, summarised for
+// the setup's mode (SummarisePd or SummarisePool).
+Result<E2ePoint> RunMeasuredRequests(const E2eSetup& s, const E2ePolicy& policy, double gbps,
+                                     const std::vector<ServeRequest>& requests, const std::vector<double>& arrivals,
+                                     const std::function<void(const Status&)>& on_error = {});
+
+// Measured, PD: a request of each prompt length (E2eRequest) through fresh nodes at its arrival.
 Result<E2ePoint> RunMeasuredPoint(const E2eSetup& s, const E2ePolicy& policy, double gbps, const std::vector<uint32_t>& prompts,
                                   const std::vector<double>& arrivals, const std::function<void(const Status&)>& on_error = {});
 
@@ -123,9 +155,13 @@ E2ePoint AggregateRepeats(const std::vector<E2ePoint>& repeats);
 
 // Per-repeat ratios of two points' mean JCTs (num / den), paired by repeat: mean and 95% interval.
 MeanCi PairedRatio(const E2ePoint& num, const E2ePoint& den);
+// The same for mean TTFT (pool mode's figure).
+MeanCi PairedTtftRatio(const E2ePoint& num, const E2ePoint& den);
 
 // The policy's request alone on fresh nodes, measured at the client, against what its parts
-// predict (kvserve/calibration.h).
+// predict (kvserve/calibration.h). Pool mode: a request stores the prefix of `prompt_tokens`
+// first (a miss, not checked); then a lone request with that prefix and another suffix is the
+// one checked (CheckLonePoolRequest): a hit, or the recompute its policy chose.
 Result<LoneRequestCheck> CalibratePolicy(const E2eSetup& s, const E2ePolicy& policy, double gbps, uint32_t prompt_tokens,
                                          const CalibrationTolerance& tolerance);
 

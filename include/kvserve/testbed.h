@@ -51,14 +51,17 @@ class ScopedNetns {
 
 struct ChildSpec {
   std::string name;               // for messages: "decode", "prefill", "router"
-  std::vector<std::string> argv;  // argv[0]: the executable's path
+  std::vector<std::string> argv;  // argv[0]: the executable's path, or a name in /usr/bin and the like
   int cpu = -1;                   // pinned to this core (-1: not pinned)
   std::string netns;              // started in this network namespace ("": this one)
   double ready_timeout_s = 120;   // until it prints "listening on HOST:PORT"
+  // A child that does not print where it listens (redis-server): the text that says it is
+  // ready, and the address it was told to listen on.
+  std::string ready_text = {}, address = {};
 };
 
-// A node process. Start returns once the child printed "... listening on HOST:PORT" on stdout
-// (its stderr is the caller's). The child gets SIGKILL if the thread that started it exits
+// A node process. Start returns once the child printed "... listening on HOST:PORT" (or the
+// spec's ready_text) on stdout (its stderr is the caller's). The child gets SIGKILL if the thread that started it exits
 // (PR_SET_PDEATHSIG), so start children from a thread that outlives them (the main thread).
 class ChildProcess {
  public:
@@ -124,6 +127,7 @@ std::vector<std::string> NetnsWithPrefix(const std::string& prefix);
 
 struct ProcessTestbedOptions {
   std::string kvserve;  // the CLI binary the nodes run
+  std::string mode = "pd";  // pd: decode, prefill, router | pool: the pool's server, a pool node, router
   std::string kv_shape = "llama3-8b", gpu = "h100";
   // Prompt lengths made ready at start: the prefill node synthesizes their KV, the decode node
   // allocates and writes their request buffers.
@@ -138,13 +142,22 @@ struct ProcessTestbedOptions {
   int cpu_prefill = -1, cpu_decode = -1, cpu_router = -1;
   double timeout_s = 600;
   double send_delay_ns = 0;  // test seam: the prefill node's extra sending time per byte
+  // mode pool. Backend "embedded": the pool lives in the pool node, whose token bucket paces
+  // its traffic (link shaper only). "redis": a redis-server process of its own (on the decode
+  // node's core; with link netns in the receiver namespace, so pool traffic crosses the veth).
+  std::string pool_backend = "embedded";
+  std::string redis_server = "redis-server";
+  std::string pool_policy = "none";  // the pool node's --policy; adaptive takes `profile`
+  uint32_t chunk_tokens = 256;
+  uint64_t pool_capacity_mib = 8192;
 };
 
 // A decode node, a prefill node and a router as processes, started in that order (each given the
 // address the previous printed); with link netns the decode node runs in the link's receiver
 // namespace and the prefill node and router in its sender namespace, so KV crosses the shaped
-// veth. Requests go to the router's HTTP /generate; a client must be in client_netns() to
-// reach it. Stop (or destruction) stops every process and removes the namespaces, whatever
+// veth. In pool mode: the pool's server (redis backend) where the decode node would be, a pool
+// node where the prefill node would be, and the router. Requests go to the router's HTTP
+// /generate; a client must be in client_netns() to reach it. Stop (or destruction) stops every process and removes the namespaces, whatever
 // state they are in.
 class ProcessTestbed {
  public:
@@ -155,6 +168,8 @@ class ProcessTestbed {
   ChildProcess* decode() { return decode_.get(); }
   ChildProcess* prefill() { return prefill_.get(); }
   ChildProcess* router() { return router_.get(); }
+  ChildProcess* pool_node() { return pool_node_.get(); }
+  ChildProcess* pool_server() { return pool_server_.get(); }  // redis-server (pool mode, backend redis)
   std::vector<pid_t> pids() const;
   // Every process stopped and reaped, the namespaces removed. Idempotent; safe from another
   // thread (a signal handler's thread) while requests are in flight.
@@ -162,8 +177,12 @@ class ProcessTestbed {
 
  private:
   ProcessTestbed() = default;
+  Status StartPool(const ProcessTestbedOptions& o, const std::string& gbps, const std::string& here, const std::string& timeout);
   std::unique_ptr<NetnsLink> link_;
-  std::unique_ptr<ChildProcess> decode_, prefill_, router_;
+  std::unique_ptr<ChildProcess> decode_, prefill_, router_, pool_node_, pool_server_;
 };
+
+// A TCP port on 127.0.0.1 that was free a moment ago (for a server that cannot be told port 0).
+Result<uint16_t> FreeLoopbackPort();
 
 }  // namespace kvserve

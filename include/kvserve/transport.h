@@ -69,6 +69,9 @@ class LinkShaper {
   explicit LinkShaper(double gbps, uint64_t burst_bytes = 1 << 20);
   // Blocks until `bytes` may go on the link.
   void Take(uint64_t bytes);
+  // The same for bytes that began to cross at `started` (a pool value copied meanwhile): the
+  // time since counts as link time, as on a wire the copy overlaps the bytes' arrival.
+  void Take(uint64_t bytes, Clock::time_point started);
   double gbps() const { return gbps_; }
 
  private:

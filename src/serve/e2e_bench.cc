@@ -8,6 +8,7 @@
 
 #include "control/simulator.h"
 #include "kvserve/codec.h"
+#include "kvserve/pool.h"
 
 namespace kvserve {
 
@@ -27,16 +28,61 @@ struct E2eBed::InProcess {
   std::unique_ptr<PrefillNode> prefill;
 };
 
+// A pool node in this process, its pool (a fresh embedded one, or a Redis server's, cleared)
+// behind the in-process token bucket.
+struct E2eBed::InProcessPool {
+  explicit InProcessPool(double gbps) : shaper(gbps) {}
+  LinkShaper shaper;
+  std::unique_ptr<KvPool> pool;
+  std::unique_ptr<PoolNode> node;
+};
+
 Result<std::unique_ptr<E2eBed>> E2eBed::Start(const E2eSetup& s, double gbps, const E2ePolicy& policy,
                                               std::vector<uint32_t> prompts) {
   if (s.model == nullptr) return Status::InvalidArgument("e2e setup: no model");
+  if (s.mode != "pd" && s.mode != "pool") return Status::InvalidArgument("e2e mode '" + s.mode + "': pd | pool");
   const bool adaptive = policy.spec.empty();
   if (adaptive && s.profile == nullptr) return Status::InvalidArgument("policy " + policy.name + " needs a profile");
   const std::string strategy = adaptive ? "none" : policy.spec;
+  // The pool node's policy: adaptive, recompute, or the strategy it stores and fetches.
+  const std::string pool_policy = adaptive ? "adaptive" : policy.spec;
   std::sort(prompts.begin(), prompts.end());
   prompts.erase(std::unique(prompts.begin(), prompts.end()), prompts.end());
   std::unique_ptr<E2eBed> bed(new E2eBed());
   bed->setup_ = &s;
+  if (s.mode == "pool" && s.nodes == "inproc") {
+    auto t = std::make_unique<InProcessPool>(gbps);
+    if (s.pool_backend == "embedded") {
+      t->pool = MakeEmbeddedPool({.capacity_bytes = s.pool_capacity_mib << 20});
+    } else if (s.pool_backend == "redis" || s.pool_backend == "redis-cluster") {
+      if (s.pool_address.empty()) {
+        return Status::InvalidArgument("pool backend " + s.pool_backend + " in process needs the address of a running server");
+      }
+      RedisPoolOptions ro;
+      ro.address = s.pool_address;
+      ro.cluster = s.pool_backend == "redis-cluster";
+      ro.timeout_s = 30;
+      KV_ASSIGN_OR_RETURN(t->pool, MakeRedisPool(ro));
+      KV_RETURN_IF_ERROR(t->pool->Clear());  // each run starts from an empty pool
+    } else {
+      return Status::InvalidArgument("pool backend '" + s.pool_backend + "': embedded | redis | redis-cluster");
+    }
+    PoolNodeOptions o;
+    o.synthetic = s.model;
+    o.pool = t->pool.get();
+    o.pool_link = &t->shaper;
+    o.chunk_tokens = s.chunk_tokens;
+    o.policy = pool_policy;
+    o.profile = s.profile;
+    o.assume_gbps = gbps;
+    o.threads = s.pool;
+    KV_ASSIGN_OR_RETURN(t->node, PoolNode::Create(o));
+    for (uint32_t n : prompts) KV_RETURN_IF_ERROR(t->node->Prepare(n));
+    PoolNode* node = t->node.get();
+    bed->serve_ = [node](const ServeRequest& r) { return node->Serve(r); };
+    bed->inproc_pool_ = std::move(t);
+    return bed;
+  }
   if (s.nodes == "inproc") {
     auto t = std::make_unique<InProcess>(gbps, s.send_delay_ns * 1e-9);
     DecodeNodeOptions d;
@@ -65,6 +111,12 @@ Result<std::unique_ptr<E2eBed>> E2eBed::Start(const E2eSetup& s, double gbps, co
   if (s.nodes != "process") return Status::InvalidArgument("e2e nodes '" + s.nodes + "': inproc | process");
   if (!s.router_client) return Status::InvalidArgument("e2e setup: node processes need a router client");
   ProcessTestbedOptions o;
+  o.mode = s.mode;
+  o.pool_backend = s.pool_backend;
+  o.redis_server = s.redis_server;
+  o.pool_policy = pool_policy;
+  o.chunk_tokens = s.chunk_tokens;
+  o.pool_capacity_mib = s.pool_capacity_mib;
   o.kvserve = s.kvserve_exe;
   o.kv_shape = s.model->name;
   o.gpu = s.model->gpu;
@@ -88,6 +140,7 @@ E2eBed::~E2eBed() {
   if (procs_ && setup_->on_live) setup_->on_live(nullptr);
   procs_.reset();
   inproc_.reset();
+  inproc_pool_.reset();
 }
 
 ServeRequest E2eRequest(const E2eSetup& s, uint64_t id, uint32_t n_token) {
@@ -110,6 +163,35 @@ std::vector<double> PoissonArrivals(double rate, size_t n, uint64_t seed) {
     if (rate > 0) t += gap(rng);
   }
   return out;
+}
+
+std::vector<uint32_t> PoolDocuments(uint32_t n, double reuse, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint32_t> doc_of;
+  uint32_t n_docs = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const bool again = n_docs > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < reuse;
+    doc_of.push_back(again ? uint32_t(rng() % n_docs) : n_docs++);
+  }
+  return doc_of;
+}
+
+std::vector<int> PoolPrompt(uint64_t doc, uint64_t own, uint32_t prefix_tokens, uint32_t suffix_tokens) {
+  const uint32_t n = prefix_tokens + suffix_tokens;
+  std::vector<int> p(n);
+  for (uint32_t j = 0; j < n; ++j) {
+    const uint64_t salt = j < prefix_tokens ? doc : 1000003ull + own;
+    p[j] = int(1 + (salt * 7919 + uint64_t(j) * 104729) % 30000);
+  }
+  return p;
+}
+
+std::map<std::string, double> PoolQualityOf(const E2eSetup& s, const E2ePolicy& policy) {
+  std::map<std::string, double> quality_of = {{"none", 1.0}};
+  if (s.profile != nullptr)
+    for (const ProfileEntry& e : s.profile->pareto) quality_of[e.spec] = e.quality;
+  if (!policy.spec.empty() && policy.spec != "recompute") quality_of[policy.spec] = policy.quality;
+  return quality_of;
 }
 
 // ---- Measured points -----------------------------------------------------------------------------
@@ -218,29 +300,39 @@ E2ePoint SummarisePool(const std::vector<Result<ServeResponse>>& answers, const 
   return p;
 }
 
-Result<E2ePoint> RunMeasuredPoint(const E2eSetup& s, const E2ePolicy& policy, double gbps, const std::vector<uint32_t>& prompts,
-                                  const std::vector<double>& arrivals, const std::function<void(const Status&)>& on_error) {
-  if (prompts.empty() || arrivals.size() != prompts.size()) {
-    return Status::InvalidArgument("a point needs as many arrivals as prompts (" + std::to_string(arrivals.size()) + " for " +
-                                   std::to_string(prompts.size()) + ")");
+Result<E2ePoint> RunMeasuredRequests(const E2eSetup& s, const E2ePolicy& policy, double gbps,
+                                     const std::vector<ServeRequest>& requests, const std::vector<double>& arrivals,
+                                     const std::function<void(const Status&)>& on_error) {
+  if (requests.empty() || arrivals.size() != requests.size()) {
+    return Status::InvalidArgument("a point needs as many arrivals as requests (" + std::to_string(arrivals.size()) + " for " +
+                                   std::to_string(requests.size()) + ")");
   }
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<E2eBed> bed, E2eBed::Start(s, gbps, policy, prompts));
-  std::vector<ServeRequest> requests;
-  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(E2eRequest(s, i + 1, uint32_t(prompts[i])));
+  std::vector<uint32_t> lengths;
+  for (const ServeRequest& r : requests) lengths.push_back(uint32_t(r.prompt.size()));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<E2eBed> bed, E2eBed::Start(s, gbps, policy, lengths));
   // JCT from each scheduled arrival to the answer, at the client.
   const std::vector<Result<ServeResponse>> answers = DriveArrivals(bed->serve(), requests, arrivals);
   bed.reset();
-  E2ePoint p = SummarisePd(answers, s, policy, gbps, arrivals.back(), on_error);
+  E2ePoint p = s.mode == "pool" ? SummarisePool(answers, s, policy, gbps, arrivals.back(), PoolQualityOf(s, policy), on_error)
+                                : SummarisePd(answers, s, policy, gbps, arrivals.back(), on_error);
   if (p.errors == answers.size()) return Status::Unavailable("every request of " + policy.name + " at " + Gbps(gbps) + " Gbit/s failed");
   return p;
+}
+
+Result<E2ePoint> RunMeasuredPoint(const E2eSetup& s, const E2ePolicy& policy, double gbps, const std::vector<uint32_t>& prompts,
+                                  const std::vector<double>& arrivals, const std::function<void(const Status&)>& on_error) {
+  std::vector<ServeRequest> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(E2eRequest(s, i + 1, uint32_t(prompts[i])));
+  return RunMeasuredRequests(s, policy, gbps, requests, arrivals, on_error);
 }
 
 E2ePoint AggregateRepeats(const std::vector<E2ePoint>& reps) {
   if (reps.empty()) return {};
   E2ePoint a = reps.front();
   a.repeats = uint32_t(reps.size());
-  std::vector<double> mean, p50, p99, ttft;
+  std::vector<double> mean, p50, p99, ttft, ttft_mean, hit_ttft;
   a.slo_attainment = a.goodput = a.quality = a.wire_bytes = a.compute_share = 0;
+  a.hit_rate = a.hit_ttft_p99_ms = 0;
   a.floor_violations = a.errors = 0;
   a.choices.clear();
   const double n = double(reps.size());
@@ -251,6 +343,9 @@ E2ePoint AggregateRepeats(const std::vector<E2ePoint>& reps) {
     a.quality += r.quality / n;
     a.wire_bytes += r.wire_bytes / n;
     a.compute_share += r.compute_share / n;
+    a.hit_rate += r.hit_rate / n;
+    a.hit_ttft_p99_ms += r.hit_ttft_p99_ms / n;
+    ttft_mean.push_back(r.ttft_mean_ms), hit_ttft.push_back(r.hit_ttft_mean_ms);
     a.floor_violations += r.floor_violations;
     a.errors += r.errors;
     for (const auto& [k, v] : r.choices) a.choices[k] += v;
@@ -261,18 +356,45 @@ E2ePoint AggregateRepeats(const std::vector<E2ePoint>& reps) {
   a.p99_ms = q99.mean, a.p99_ci = q99.half_width;
   a.ttft_p99_ms = t99.mean, a.ttft_p99_ci = t99.half_width;
   a.repeat_means = mean;
+  const MeanCi tm = MeanCi95(ttft_mean), hm = MeanCi95(hit_ttft);
+  a.ttft_mean_ms = tm.mean, a.ttft_mean_ci = tm.half_width;
+  a.hit_ttft_mean_ms = hm.mean, a.hit_ttft_mean_ci = hm.half_width;
+  a.repeat_ttft_means = ttft_mean;
   return a;
 }
 
-MeanCi PairedRatio(const E2ePoint& num, const E2ePoint& den) {
+namespace {
+MeanCi PairedRatioOf(const std::vector<double>& num, const std::vector<double>& den) {
   std::vector<double> r;
-  for (size_t i = 0; i < std::min(num.repeat_means.size(), den.repeat_means.size()); ++i)
-    if (den.repeat_means[i] > 0) r.push_back(num.repeat_means[i] / den.repeat_means[i]);
+  for (size_t i = 0; i < std::min(num.size(), den.size()); ++i)
+    if (den[i] > 0) r.push_back(num[i] / den[i]);
   return MeanCi95(r);
+}
+}  // namespace
+
+MeanCi PairedRatio(const E2ePoint& num, const E2ePoint& den) { return PairedRatioOf(num.repeat_means, den.repeat_means); }
+
+MeanCi PairedTtftRatio(const E2ePoint& num, const E2ePoint& den) {
+  return PairedRatioOf(num.repeat_ttft_means, den.repeat_ttft_means);
 }
 
 Result<LoneRequestCheck> CalibratePolicy(const E2eSetup& s, const E2ePolicy& policy, double gbps, uint32_t prompt_tokens,
                                          const CalibrationTolerance& tolerance) {
+  if (s.mode == "pool") {
+    const uint32_t n = prompt_tokens + s.suffix_tokens;
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<E2eBed> bed, E2eBed::Start(s, gbps, policy, {n}));
+    ServeRequest store = E2eRequest(s, 1, 0), lone = E2eRequest(s, 2, 0);
+    store.prompt = PoolPrompt(0, 1, prompt_tokens, s.suffix_tokens);
+    lone.prompt = PoolPrompt(0, 2, prompt_tokens, s.suffix_tokens);
+    // The first stores the prefix before it answers; the second finds it there.
+    KV_RETURN_IF_ERROR(DriveArrivals(bed->serve(), {store}, {0.0})[0].status());
+    std::vector<Result<ServeResponse>> answer = DriveArrivals(bed->serve(), {lone}, {0.0});
+    KV_RETURN_IF_ERROR(answer[0].status());
+    LoneRequestCheck c = CheckLonePoolRequest(answer[0].value(), *s.model, gbps * s.wire_payload_share, n, s.chunk_tokens, tolerance);
+    c.gbps = gbps;
+    c.policy = policy.name;
+    return c;
+  }
   KV_ASSIGN_OR_RETURN(std::unique_ptr<E2eBed> bed, E2eBed::Start(s, gbps, policy, {prompt_tokens}));
   // Measured at the client, as the points are: with node processes, HTTP and the router count.
   std::vector<Result<ServeResponse>> answer = DriveArrivals(bed->serve(), {E2eRequest(s, 1, prompt_tokens)}, {0.0});

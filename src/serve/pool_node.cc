@@ -137,7 +137,7 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
         }
         KV_RETURN_IF_ERROR(v.status());
         if (!v.value()) break;  // evicted between lookup and fetch: recompute from here
-        if (opts_.pool_link) opts_.pool_link->Take(v.value()->size());
+        if (opts_.pool_link) opts_.pool_link->Take(v.value()->size(), w0);  // the copy out of the pool overlaps the wire
         wire_s += Seconds(w0, Clock::now());
         if (!queue.Push({c, std::move(*v.value())})) break;
       }
@@ -380,8 +380,9 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
       const std::string key = PoolChunkKey(ko, chain, c, s_[s].spec);
       co.request_id = PoolValueTag(key);  // binds the value to its key: see FetchPrefix
       KV_RETURN_IF_ERROR(pipeline.Encode(chunk, &frame, co));
-      if (opts_.pool_link) opts_.pool_link->Take(frame.size());
+      const Clock::time_point p0 = Clock::now();
       const Status st = opts_.pool->Put(key, frame);
+      if (opts_.pool_link) opts_.pool_link->Take(frame.size(), p0);
       if (!st.ok()) {
         metrics_.pool_errors++;
         break;  // the pool is down or full: serving goes on without it

@@ -2,11 +2,14 @@
 // network namespaces, the kernel-shaped link between two namespaces, and the process testbed.
 #include "kvserve/testbed.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,7 +37,8 @@ std::vector<Result<ServeResponse>> DriveArrivals(const ServeFn& serve, const std
       if (out.ok()) {
         StageTimings& t = out->timings;
         const double jct = std::chrono::duration<double>(Clock::now() - start).count() - at;
-        if (t.first_token_s > 0) t.first_token_s += jct - t.total_s;  // the same lateness and client overhead
+        // The same lateness and client overhead; a pool node stores after its total, before it answers.
+        if (t.first_token_s > 0) t.first_token_s += jct - t.total_s - t.store_s;
         t.total_s = jct;
       }
       return out;
@@ -74,6 +78,23 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpec& spec)
   if (spec.argv.empty()) return Status::InvalidArgument("child '" + spec.name + "': no executable");
   std::unique_ptr<ChildProcess> c(new ChildProcess());
   c->spec_ = spec;
+  // A bare name ("redis-server") is looked up in the system's program directories (not $PATH:
+  // library code reads no environment; a caller that wants $PATH resolves the name itself).
+  if (c->spec_.argv[0].find('/') == std::string::npos) {
+    std::string found;
+    for (const char* dir : {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}) {
+      const std::string candidate = std::string(dir) + "/" + c->spec_.argv[0];
+      if (::access(candidate.c_str(), X_OK) == 0) {
+        found = candidate;
+        break;
+      }
+    }
+    if (found.empty()) {
+      return Status::NotFound("child '" + spec.name + "': '" + spec.argv[0] + "' is in none of /usr/local/sbin, /usr/local/bin, "
+                              "/usr/sbin, /usr/bin, /sbin, /bin (give its path)");
+    }
+    c->spec_.argv[0] = found;
+  }
   // Everything the child needs is made before fork: after it, only async-signal-safe calls.
   std::vector<char*> argv;
   for (const std::string& a : c->spec_.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -117,30 +138,32 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpec& spec)
   ::close(out[1]);
   c->pid_ = pid;
   c->out_fd_ = out[0];
-  // Its first line that says where it listens, within the deadline.
+  // Its first line that says where it listens (or that it is ready), within the deadline.
   std::string text;
+  const std::string ready = spec.ready_text.empty() ? "listening on " : spec.ready_text;
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.ready_timeout_s));
   while (true) {
-    const size_t at = text.find("listening on ");
+    const size_t at = text.find(ready);
     const size_t eol = at == std::string::npos ? std::string::npos : text.find('\n', at);
     if (eol != std::string::npos) {
-      c->address_ = text.substr(at + 13, eol - at - 13);
+      c->address_ = spec.address.empty() ? text.substr(at + ready.size(), eol - at - ready.size()) : spec.address;
       break;
     }
     const int left_ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
     pollfd pfd{c->out_fd_, POLLIN, 0};
     char buf[512];
     ssize_t n = 0;
-    const int ready = left_ms <= 0 ? 0 : ::poll(&pfd, 1, left_ms);
-    if (ready < 0 && errno == EINTR) continue;  // a signal, not the child
-    if (ready > 0) n = ::read(c->out_fd_, buf, sizeof buf);
-    if (ready <= 0 || n <= 0) {
+    const int polled = left_ms <= 0 ? 0 : ::poll(&pfd, 1, left_ms);
+    if (polled < 0 && errno == EINTR) continue;  // a signal, not the child
+    if (polled > 0) n = ::read(c->out_fd_, buf, sizeof buf);
+    if (polled <= 0 || n <= 0) {
       // No line in time, or its stdout closed: it exited (a bad flag, a port in use) or hangs.
-      const std::string why = ready <= 0 ? "did not say where it listens within " + std::to_string(int(spec.ready_timeout_s)) + " s"
-                                         : "exited before listening";
+      const std::string said = spec.ready_text.empty() ? "say where it listens" : "say '" + spec.ready_text + "'";
+      const std::string why = polled <= 0 ? "did not " + said + " within " + std::to_string(int(spec.ready_timeout_s)) + " s"
+                                          : "exited before listening";
       c->Stop(0);
       return Status::Unavailable("child '" + spec.name + "' (" + spec.argv[0] + ") " + why +
-                                 (text.empty() ? "" : "; its output: " + text.substr(0, 400)) + " (its stderr is above)");
+                                 (text.empty() ? "" : "; its output: " + text.substr(text.size() > 400 ? text.size() - 400 : 0)) + " (its stderr is above)");
     }
     text.append(buf, size_t(n));
   }
@@ -205,6 +228,14 @@ std::pair<int, std::string> RunShell(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// One netns-link.sh at a time in this process: a removal asked for while a link is being made
+// (Ctrl-C's thread during a run's start) waits for it, so it does not run first and leave the
+// namespaces the making then creates.
+std::mutex& NetnsScriptMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 bool SafeName(const std::string& s) {
   if (s.empty() || s.size() > 11) return false;  // interface names PREFIX-va fit in IFNAMSIZ
   for (char ch : s)
@@ -222,7 +253,9 @@ Result<std::unique_ptr<NetnsLink>> NetnsLink::Up(const std::string& script, cons
   l->script_ = script, l->prefix_ = prefix, l->gbps_ = gbps;
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.6g", gbps);
+  std::unique_lock<std::mutex> one_script(NetnsScriptMutex());
   auto [code, out] = RunShell("KVSERVE_NETNS_PREFIX=" + prefix + " bash '" + script + "' up " + rate);
+  one_script.unlock();
   if (code == 77) return Status::Unavailable("kernel-shaped link: " + out.substr(0, out.find_last_not_of('\n') + 1));
   l->up_ = true;  // whatever part of it exists is removed from here on
   if (code != 0) return Status::IoError("netns-link.sh up " + std::string(rate) + " failed (exit " + std::to_string(code) + "): " + out);
@@ -230,7 +263,9 @@ Result<std::unique_ptr<NetnsLink>> NetnsLink::Up(const std::string& script, cons
 }
 
 void NetnsLink::Remove(const std::string& script, const std::string& prefix) {
-  if (SafeName(prefix)) RunShell("KVSERVE_NETNS_PREFIX=" + prefix + " bash '" + script + "' down");
+  if (!SafeName(prefix)) return;
+  std::lock_guard<std::mutex> one_script(NetnsScriptMutex());
+  RunShell("KVSERVE_NETNS_PREFIX=" + prefix + " bash '" + script + "' down");
 }
 
 void NetnsLink::Down() {
@@ -271,6 +306,11 @@ Result<std::unique_ptr<ProcessTestbed>> ProcessTestbed::Start(const ProcessTestb
   char gbps[64];
   std::snprintf(gbps, sizeof gbps, "%.6g", o.gbps);
   const std::string here = "127.0.0.1:0";
+  if (o.mode == "pool") {
+    KV_RETURN_IF_ERROR(t->StartPool(o, gbps, here, timeout));
+    return t;
+  }
+  if (o.mode != "pd") return Status::InvalidArgument("process testbed mode '" + o.mode + "': pd | pool");
   ChildSpec decode{"decode",
                    {o.kvserve, "serve", "decode", "--kv-shape", o.kv_shape, "--gpu", o.gpu, "--listen",
                     t->link_ ? std::string(NetnsLink::kReceiverIp) + ":0" : here, "--timeout", timeout, "--log-level", "quiet"},
@@ -308,18 +348,84 @@ Result<std::unique_ptr<ProcessTestbed>> ProcessTestbed::Start(const ProcessTestb
   return t;
 }
 
+// The pool's server (redis), the pool node, the router. With link netns the server is alone in
+// the receiver namespace, so every byte to and from the pool crosses the shaped veth; otherwise
+// the pool node's token bucket paces its pool traffic.
+Status ProcessTestbed::StartPool(const ProcessTestbedOptions& o, const std::string& gbps, const std::string& here,
+                                 const std::string& timeout) {
+  if (o.pool_backend != "embedded" && o.pool_backend != "redis") {
+    return Status::InvalidArgument("process testbed pool backend '" + o.pool_backend + "': embedded | redis");
+  }
+  if (o.pool_backend == "embedded" && link_) {
+    return Status::InvalidArgument("an embedded pool lives in the pool node: no link between namespaces to shape (link shaper)");
+  }
+  std::string pool = "embedded";
+  if (o.pool_backend == "redis") {
+    std::string ip = "127.0.0.1";
+    uint16_t port = 6379;  // the receiver namespace is new: nothing else listens there
+    if (link_) {
+      ip = NetnsLink::kReceiverIp;
+    } else {
+      KV_ASSIGN_OR_RETURN(port, FreeLoopbackPort());
+    }
+    const std::string address = ip + ":" + std::to_string(port);
+    ChildSpec redis{"redis-server",
+                    {o.redis_server, "--bind", ip, "--port", std::to_string(port), "--save", "", "--appendonly", "no",
+                     "--dir", "/tmp", "--daemonize", "no", "--protected-mode", "no", "--logfile", "", "--loglevel", "notice",
+                     "--maxmemory", std::to_string(o.pool_capacity_mib) + "mb", "--maxmemory-policy", "allkeys-lru"},
+                    o.cpu_decode,
+                    link_ ? link_->receiver() : "",
+                    30,
+                    "Ready to accept connections",
+                    address};
+    KV_ASSIGN_OR_RETURN(pool_server_, ChildProcess::Start(redis));
+    pool = "redis://" + address;
+  }
+  std::vector<std::string> argv = {o.kvserve, "serve", "pool", "--kv-shape", o.kv_shape, "--gpu", o.gpu, "--listen", here,
+                                   "--pool", pool, "--policy", o.pool_policy, "--chunk-tokens", std::to_string(o.chunk_tokens),
+                                   "--capacity-mib", std::to_string(o.pool_capacity_mib), "--assume-gbps", gbps,
+                                   "--threads", std::to_string(o.threads), "--log-level", "quiet"};
+  std::string prepare;
+  for (uint32_t n : o.prepare_tokens) prepare += (prepare.empty() ? "" : ",") + std::to_string(n);
+  if (!prepare.empty()) argv.insert(argv.end(), {"--prepare-tokens", prepare});
+  if (!o.profile.empty()) argv.insert(argv.end(), {"--profile", o.profile});
+  if (!link_) argv.insert(argv.end(), {"--shape-gbps", gbps});
+  KV_ASSIGN_OR_RETURN(pool_node_, ChildProcess::Start({"pool", argv, o.cpu_prefill, client_netns()}));
+  KV_ASSIGN_OR_RETURN(router_, ChildProcess::Start({"router",
+                                                    {o.kvserve, "serve", "router", "--listen", here, "--peer", pool_node_->address(),
+                                                     "--timeout", timeout, "--log-level", "quiet"},
+                                                    o.cpu_router,
+                                                    client_netns()}));
+  return Status::Ok();
+}
+
 std::vector<pid_t> ProcessTestbed::pids() const {
   std::vector<pid_t> out;
-  for (const auto* c : {router_.get(), prefill_.get(), decode_.get()})
+  for (const auto* c : {router_.get(), prefill_.get(), pool_node_.get(), decode_.get(), pool_server_.get()})
     if (c) out.push_back(c->pid());
   return out;
 }
 
 void ProcessTestbed::Stop() {
   // Front to back, so no node sees its peer vanish before its own stop.
-  for (ChildProcess* c : {router_.get(), prefill_.get(), decode_.get()})
+  for (ChildProcess* c : {router_.get(), prefill_.get(), pool_node_.get(), decode_.get(), pool_server_.get()})
     if (c) c->Stop();
   if (link_) link_->Down();
+}
+
+Result<uint16_t> FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::IoError(std::string("socket: ") + strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return Status::IoError(std::string("cannot find a free loopback port: ") + strerror(err));
+  return uint16_t(ntohs(a.sin_port));
 }
 
 ProcessTestbed::~ProcessTestbed() { Stop(); }

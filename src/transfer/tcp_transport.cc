@@ -28,14 +28,15 @@ const char* MessageKindName(MessageKind kind) {
 LinkShaper::LinkShaper(double gbps, uint64_t burst_bytes)
     : gbps_(gbps), bytes_per_second_(gbps * 1e9 / 8), burst_(double(burst_bytes)), next_(Clock::now()) {}
 
-void LinkShaper::Take(uint64_t bytes) {
+void LinkShaper::Take(uint64_t bytes) { Take(bytes, Clock::now()); }
+
+void LinkShaper::Take(uint64_t bytes, Clock::time_point started) {
   Clock::time_point wait_until;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const Clock::time_point now = Clock::now();
     // An idle link lends at most one burst of credit; a busy one queues behind what was taken.
     const auto credit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(burst_ / bytes_per_second_));
-    if (next_ < now - credit) next_ = now - credit;
+    if (next_ < started - credit) next_ = started - credit;
     next_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(double(bytes) / bytes_per_second_));
     wait_until = next_;
   }

@@ -50,5 +50,43 @@ TEST(Calibration, ALoneRequestWithinToleranceIsValidAndAnOverheadIsNamed) {
   EXPECT_TRUE(CheckLoneRequest(Lone(0.040), m, 1.0, 1000, 16, {.relative = 0.01}).valid);
 }
 
+// A pool hit: 4096 prefix tokens in 16 chunks of 256 fetched (none: 512 MiB at 5 Gbit/s =
+// 0.858993 s of wire, 0.160 s of decode), 64 suffix tokens computed.
+ServeResponse PoolHit(double fetch_extra_s) {
+  ServeResponse r;
+  r.strategy = "none";
+  r.cached_tokens = 4096;
+  r.wire_bytes = 4096ull * 131072;
+  StageTimings& t = r.timings;
+  t.queue_s = 0.002;
+  t.decode_s = 0.160;
+  t.fetch_s = PipelinedSeconds(0, 0.8589934592, t.decode_s, 16) + fetch_extra_s;
+  t.prefill_s = 64 / 25000.0;
+  t.first_token_s = t.queue_s + t.fetch_s + t.prefill_s + 0.003;
+  t.generate_s = 0.075;
+  t.total_s = t.first_token_s + t.generate_s;
+  return r;
+}
+
+TEST(Calibration, ALonePoolHitIsItsChunksPipelinedPlusTheSuffix) {
+  const SyntheticModel m;
+  const LoneRequestCheck ok = CheckLonePoolRequest(PoolHit(0), m, 5.0, 4160, 256);
+  // 0.8589934592 + 0.160 / 16 + 64 / 25000 = 0.8715534592 s (decode hides behind the wire).
+  EXPECT_NEAR(ok.predicted_s, 0.8715534592, 1e-9);
+  EXPECT_TRUE(ok.valid) << ok.measured_s;
+  ASSERT_EQ(ok.stages.size(), 4u);
+  EXPECT_EQ(ok.stages[1].stage, "fetch");
+  EXPECT_NEAR(ok.stages[3].measured_s, 0.003, 1e-9);  // other: what no stage accounts for
+  const LoneRequestCheck slow = CheckLonePoolRequest(PoolHit(0.300), m, 5.0, 4160, 256);
+  EXPECT_FALSE(slow.valid);
+  EXPECT_EQ(slow.fault, "fetch");
+  // A recompute: nothing fetched, the whole prompt's prefill predicted.
+  ServeResponse re;
+  re.timings.prefill_s = re.timings.first_token_s = 4160 / 25000.0;
+  const LoneRequestCheck rc = CheckLonePoolRequest(re, m, 5.0, 4160, 256);
+  EXPECT_NEAR(rc.predicted_s, 0.1664, 1e-12);
+  EXPECT_TRUE(rc.valid);
+}
+
 }  // namespace
 }  // namespace kvserve

@@ -155,6 +155,42 @@ TEST(E2eBench, SummarisePoolCountsHitsAndTheirTtft) {
   EXPECT_EQ(p.choices.at("fetch:none"), 1u);
 }
 
+TEST(E2eBench, PoolWorkloadIsSeededAndSharesPrefixesByDocument) {
+  const std::vector<uint32_t> docs = PoolDocuments(50, 0.8, 7);
+  EXPECT_EQ(docs, PoolDocuments(50, 0.8, 7));
+  EXPECT_EQ(docs[0], 0u);
+  uint32_t seen = 0;  // a request names a document seen before, or the next new one
+  for (uint32_t d : docs) {
+    EXPECT_LE(d, seen);
+    if (d == seen) ++seen;
+  }
+  EXPECT_LT(seen, 30u);  // reuse 0.8: most requests reuse
+  EXPECT_EQ(PoolDocuments(10, 0, 1), (std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  const std::vector<int> a = PoolPrompt(3, 1, 512, 16), b = PoolPrompt(3, 2, 512, 16), c = PoolPrompt(4, 1, 512, 16);
+  ASSERT_EQ(a.size(), 528u);
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 512, b.begin()));   // same document: same prefix
+  EXPECT_FALSE(std::equal(a.begin() + 512, a.end(), b.begin() + 512));  // own suffixes
+  EXPECT_FALSE(std::equal(a.begin(), a.begin() + 512, c.begin()));  // another document
+  for (int t : a) EXPECT_TRUE(t >= 1 && t <= 30000);
+}
+
+TEST(E2eBench, PoolFiguresAggregateOverRepeatsAndPairByRepeat) {
+  std::vector<E2ePoint> reps(3);
+  const double ttft[] = {100, 110, 120}, hit[] = {50, 60, 70};
+  for (int i = 0; i < 3; ++i) reps[i].ttft_mean_ms = ttft[i], reps[i].hit_ttft_mean_ms = hit[i], reps[i].hit_rate = 0.5 + 0.1 * i;
+  const E2ePoint a = AggregateRepeats(reps);
+  EXPECT_DOUBLE_EQ(a.ttft_mean_ms, 110);
+  EXPECT_NEAR(a.ttft_mean_ci, 24.8434, 1e-3);  // as the JCT interval above
+  EXPECT_DOUBLE_EQ(a.hit_ttft_mean_ms, 60);
+  EXPECT_NEAR(a.hit_rate, 0.6, 1e-12);
+  EXPECT_EQ(a.repeat_ttft_means, (std::vector<double>{100, 110, 120}));
+  E2ePoint num;
+  num.repeat_ttft_means = {200, 330, 240};
+  const MeanCi r = PairedTtftRatio(num, a);
+  EXPECT_NEAR(r.mean, (2 + 3 + 2) / 3.0, 1e-12);
+  EXPECT_EQ(r.n, 3u);
+}
+
 // Small in-process runs of the real nodes (llama3-8b's stand-in, 64-token prompts).
 struct InProcess : ::testing::Test {
   void SetUp() override {
@@ -204,6 +240,40 @@ TEST_F(InProcess, CalibrationOfALoneRequestHoldsAndCatchesAnInjectedDelay) {
   auto slow = CalibratePolicy(s, {"none", "none"}, 1, 512, {.relative = 0.5});
   ASSERT_TRUE(slow.ok()) << slow.status().ToString();
   EXPECT_FALSE(slow->valid);
+}
+
+// Pool mode in process: one document reused, so after the first request every one fetches its
+// prefix; the lone-request check stores the prefix, then measures a hit.
+TEST_F(InProcess, PoolRequestsFetchTheStoredPrefixAndALoneHitIsCalibrated) {
+  s.mode = "pool";
+  s.chunk_tokens = 64;
+  s.suffix_tokens = 16;
+  const E2ePolicy none{"none", "none"};
+  std::vector<ServeRequest> requests;
+  for (uint64_t i = 0; i < 3; ++i) {
+    ServeRequest r = E2eRequest(s, i + 1, 0);
+    r.prompt = PoolPrompt(0, i, 256, 16);
+    requests.push_back(std::move(r));
+  }
+  auto p = RunMeasuredRequests(s, none, 2, requests, {0, 1.0, 2.0});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->errors, 0u);
+  EXPECT_NEAR(p->hit_rate, 2.0 / 3, 1e-12);
+  EXPECT_EQ(p->choices.at("miss"), 1u);
+  EXPECT_EQ(p->choices.at("fetch:none"), 2u);
+  // A hit moves its 256 prefix tokens of KV: 32 MiB at 2 Gbit/s, 134 ms at least.
+  EXPECT_GT(p->hit_ttft_mean_ms, 1e3 * 256 * 131072 * 8 / 2e9);
+  auto c = CalibratePolicy(s, none, 2, 256, {.relative = 0.5});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->strategy, "none");
+  EXPECT_GT(c->predicted_s, 0.134);
+  EXPECT_TRUE(c->valid) << c->measured_s << " vs " << c->predicted_s;
+  s.pool_backend = "memcached";
+  EXPECT_FALSE(RunMeasuredRequests(s, none, 2, requests, {0, 1.0, 2.0}).ok());
+  s.pool_backend = "redis";  // in process: needs a running server's address
+  auto no_address = RunMeasuredRequests(s, none, 2, requests, {0, 1.0, 2.0});
+  ASSERT_FALSE(no_address.ok());
+  EXPECT_NE(no_address.status().message().find("address"), std::string::npos);
 }
 
 TEST_F(InProcess, MeasuredCapacityRunsOneSearchPerRepeat) {

@@ -152,6 +152,30 @@ TEST(Testbed, ChildProcessThatFailsToStartSaysWhy) {
   EXPECT_NE(no_ns.status().message().find("kvserve-test-no-such-ns"), std::string::npos);
 }
 
+// A server that says only that it is ready (redis-server): a bare name found in the system's
+// program directories, its ready text awaited, the address it was told to listen on kept.
+TEST(Testbed, ChildProcessWithReadyTextIsFoundByNameAndKeepsItsAddress) {
+  ChildSpec spec = Spec("server", {"sh", "-c", "echo banner; echo '* Ready to accept connections'; exec sleep 60"});
+  spec.ready_text = "Ready to accept connections";
+  spec.address = "127.0.0.1:6379";
+  auto c = ChildProcess::Start(spec);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c.value()->address(), "127.0.0.1:6379");
+  const pid_t pid = c.value()->pid();
+  c.value()->Stop();
+  EXPECT_FALSE(Exists(pid));
+  auto nowhere = ChildProcess::Start(Spec("absent", {"kvserve-no-such-program"}));
+  ASSERT_FALSE(nowhere.ok());
+  EXPECT_EQ(nowhere.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(nowhere.status().message().find("give its path"), std::string::npos) << nowhere.status().ToString();
+}
+
+TEST(Testbed, FreeLoopbackPortCanBeBound) {
+  auto port = FreeLoopbackPort();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  EXPECT_GT(port.value(), 0);
+}
+
 TEST(Testbed, NetnsLinkIsMadeAndRemovedOrSaysWhyNot) {
   const std::string script = SourceDir() + "/scripts/netns-link.sh";
   const std::string prefix = "kvt" + std::to_string(::getpid() % 10000);

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kvserve/e2e_bench.h"
 #include "kvserve/testbed.h"
 #include "test_paths.h"
 #include "tools/cli_test_util.h"
@@ -143,7 +144,7 @@ TEST(ServeCli, RouterPrefillDecodeGiveLocalTextAndSurviveBadInput) {
     for (const char* k : {"queue", "prefill", "encode", "wire", "decode", "transfer", "generate", "total"})
       EXPECT_TRUE(r.body["timings_ms"].contains(k)) << k;
     // Malformed requests: a 4xx with the reason, and the server keeps serving.
-    for (const std::string bad : {std::string("{bad json"), std::string(R"({"prompt":"x","slo_ms":-5})"),
+    for (const std::string& bad : {std::string("{bad json"), std::string(R"({"prompt":"x","slo_ms":-5})"),
                                   std::string(R"({"prompt":"x","strategy":"zzz"})"),
                                   json{{"tokens", std::vector<int>(5000, 1)}}.dump(), std::string(R"({"tokens":[1,99999]})")}) {
       Reply b = Post(router.address(), bad);
@@ -405,7 +406,9 @@ TEST(ServeCli, CalibrationCatchesAnInjectedOverheadAndPassesWithoutIt) {
   }
   EXPECT_TRUE(none_flagged) << s["calibration"].dump();
   for (const json& p : s["points"])
-    if (p["policy"] == "none") EXPECT_FALSE(p["valid"].get<bool>()) << p.dump();
+    if (p["policy"] == "none") {
+      EXPECT_FALSE(p["valid"].get<bool>()) << p.dump();
+    }
   auto allowed = kvserve::testing::Cli(run + " --inject-send-delay-ns 12 --allow-uncalibrated", "", 300);
   EXPECT_EQ(allowed.code, 0) << allowed.out;
 }
@@ -446,19 +449,25 @@ std::vector<pid_t> ProcessesWith(const std::vector<std::string>& words) {
 // kernel-shaped veth where this machine allows, else on loopback with the prefill node's token
 // bucket) answer a request with the shape's bytes; when the decode node dies mid-run the next
 // request fails with an error (no hang), and Stop leaves no process and no namespace.
-TEST(ServeCli, ProcessTestbedStopsEveryProcessAndNamespaceAlsoWhenANodeDies) {
-  const std::string prefix = "kct" + std::to_string(::getpid() % 10000);
-  const std::string script = kvserve::SourceDir() + "/scripts/netns-link.sh";
+// A process testbed's options for a test: llama3-8b at 2 Gbit/s, namespaces PREFIX-a/-b where
+// this machine allows them (else the token bucket).
+kvserve::ProcessTestbedOptions TestbedOptions(const std::string& prefix) {
   kvserve::ProcessTestbedOptions o;
   o.kvserve = KVSERVE_CLI;
   o.kv_shape = "llama3-8b";
-  o.prepare_tokens = {64};
-  o.strategy = "quant(kbits=8,vbits=8)";
   o.gbps = 2;
-  o.netns_script = script;
+  o.netns_script = kvserve::SourceDir() + "/scripts/netns-link.sh";
   o.netns_prefix = prefix;
   o.timeout_s = 20;
-  o.link = kvserve::NetnsLink::Up(script, prefix, 0).ok() ? "netns" : "shaper";
+  o.link = kvserve::NetnsLink::Up(o.netns_script, prefix, 0).ok() ? "netns" : "shaper";
+  return o;
+}
+
+TEST(ServeCli, ProcessTestbedStopsEveryProcessAndNamespaceAlsoWhenANodeDies) {
+  const std::string prefix = "kct" + std::to_string(::getpid() % 10000);
+  kvserve::ProcessTestbedOptions o = TestbedOptions(prefix);
+  o.prepare_tokens = {64};
+  o.strategy = "quant(kbits=8,vbits=8)";
   auto started = kvserve::ProcessTestbed::Start(o);
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   kvserve::ProcessTestbed& bed = *started.value();
@@ -514,6 +523,61 @@ TEST(ServeCli, BenchE2eStoppedByCtrlCLeavesNoProcessOrNamespace) {
   }
   EXPECT_TRUE(left.empty()) << left.size() << " node processes left, the first " << left[0];
   EXPECT_NE(kvserve::testing::Shell("cat " + dir + "/err").out.find("stopped by signal"), std::string::npos);
+  kvserve::testing::Shell("rm -rf " + dir);
+}
+
+// The process testbed in pool mode: a redis-server of its own (alone in the receiver namespace
+// where this machine allows, so pool traffic crosses the kernel-shaped veth), a pool node and a
+// router. A second request with the first's prefix fetches it; with the server killed the pool
+// node still answers (a miss); Stop leaves no process and no namespace.
+TEST(ServeCli, PoolProcessTestbedFetchesThroughItsRedisAndStopsEverything) {
+  ASSERT_TRUE(kvserve::testing::Shell("command -v redis-server").code == 0) << "redis-server is not installed (scripts/setup.sh installs it)";
+  const std::string prefix = "kcp" + std::to_string(::getpid() % 10000);
+  kvserve::ProcessTestbedOptions o = TestbedOptions(prefix);
+  o.mode = "pool";
+  o.pool_backend = "redis";
+  o.pool_policy = "none";
+  o.prepare_tokens = {528};
+  o.chunk_tokens = 256;
+  o.pool_capacity_mib = 1024;
+  o.cpu_decode = 0;
+  auto started = kvserve::ProcessTestbed::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  kvserve::ProcessTestbed& bed = *started.value();
+  const std::vector<pid_t> pids = bed.pids();
+  ASSERT_EQ(pids.size(), 3u);
+  ASSERT_NE(bed.pool_server(), nullptr);
+  EXPECT_EQ(bed.decode(), nullptr);
+  if (o.link == "netns") {
+    EXPECT_EQ(bed.pool_server()->address(), "10.77.0.2:6379");
+  }
+  auto post = [&](uint64_t own) {
+    auto ns = kvserve::ScopedNetns::Enter(bed.client_netns());
+    EXPECT_TRUE(ns.ok()) << ns.status().ToString();
+    return Post(bed.router_address(), json{{"tokens", kvserve::PoolPrompt(0, own, 512, 16)}, {"max_new_tokens", 2}}.dump());
+  };
+  Reply first = post(1);
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  EXPECT_EQ(first.body["pool"]["action"], "miss");
+  Reply second = post(2);
+  ASSERT_EQ(second.status, 200) << second.body.dump();
+  EXPECT_EQ(second.body["pool"]["action"], "fetch") << second.body.dump();
+  EXPECT_EQ(second.body["pool"]["cached_tokens"], 512);
+  EXPECT_GE(second.body["wire_bytes"].get<uint64_t>(), 512u * 131072u);
+  ::kill(bed.pool_server()->pid(), SIGKILL);
+  Reply third = post(3);
+  EXPECT_EQ(third.status, 200) << third.body.dump();  // served without its pool
+  EXPECT_TRUE(bed.pool_node()->Alive());
+  bed.Stop();
+  for (pid_t p : pids) EXPECT_FALSE(Exists(p)) << p;
+  EXPECT_TRUE(kvserve::NetnsWithPrefix(prefix).empty());
+  // An embedded pool has no link between namespaces to shape.
+  o.pool_backend = "embedded";
+  o.link = "netns";
+  auto refused = kvserve::ProcessTestbed::Start(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("embedded"), std::string::npos) << refused.status().ToString();
+  EXPECT_TRUE(kvserve::NetnsWithPrefix(prefix).empty());
 }
 
 TEST(ServeCli, PoolNodeProcessFetchesTheSharedPrefixAndGivesLocalText) {
@@ -544,8 +608,8 @@ TEST(ServeCli, PoolNodeProcessFetchesTheSharedPrefixAndGivesLocalText) {
 
 TEST(ServeCli, PoolBenchmarkRunsEveryPolicyAndHitsTheSharedPrefix) {
   auto r = kvserve::testing::Cli(
-      "bench e2e --mode pool --bandwidths 15 --requests 4 --load 0.05 --prompt-tokens 512 --suffix-tokens 16 --reuse 1 --max-new 2 "
-      "--static kivi2 --json 2>/dev/null", "", 300);
+      "bench e2e --mode pool --nodes inproc --bandwidths 15 --requests 4 --repeats 1 --load 0.05 --prompt-tokens 512 "
+      "--suffix-tokens 16 --reuse 1 --max-new 2 --static kivi2 --allow-uncalibrated --json 2>/dev/null", "", 300);
   ASSERT_EQ(r.code, 0) << r.out;
   const json j = JsonIn(r.out);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -558,19 +622,62 @@ TEST(ServeCli, PoolBenchmarkRunsEveryPolicyAndHitsTheSharedPrefix) {
     EXPECT_EQ(p["errors"], 0) << p.dump();
     EXPECT_EQ(p["floor_violations"], 0) << p.dump();
     // Reuse 1: one document; arrivals far apart (load 0.05), so the first store is done before the next request.
-    if (policy == "none" || policy == "static:kivi2") EXPECT_GT(p["hit_rate"].get<double>(), 0) << p.dump();
-    if (policy == "recompute") EXPECT_EQ(p["hit_rate"].get<double>(), 0) << p.dump();
+    if (policy == "none" || policy == "static:kivi2") {
+      EXPECT_GT(p["hit_rate"].get<double>(), 0) << p.dump();
+    }
+    if (policy == "recompute") {
+      EXPECT_EQ(p["hit_rate"].get<double>(), 0) << p.dump();
+    }
     EXPECT_GT(p["ttft_mean_ms"].get<double>(), 0);
   }
   EXPECT_EQ(policies, (std::set<std::string>{"none", "recompute", "adaptive", "static:kivi2"}));
-  auto missing = kvserve::testing::Cli("bench e2e --mode pool --backend redis");
+  EXPECT_EQ(j["nodes"], "inproc");
+  ASSERT_EQ(j["calibration"]["checks"].size(), 4u);  // each policy's lone request at 15 Gbit/s
+  for (const json& c : j["calibration"]["checks"])
+    if (c["policy"] == "none") {  // a hit, not a miss
+      EXPECT_EQ(c["strategy"], "none") << c.dump();
+    }
+  auto missing = kvserve::testing::Cli("bench e2e --mode pool --backend redis --nodes inproc");
   EXPECT_NE(missing.code, 0);
   EXPECT_NE(missing.out.find("--pool-address"), std::string::npos) << missing.out;
+  auto cluster = kvserve::testing::Cli("bench e2e --mode pool --backend redis-cluster --nodes process");
+  EXPECT_NE(cluster.code, 0);
+  EXPECT_NE(cluster.out.find("--nodes inproc"), std::string::npos) << cluster.out;
   auto pb = kvserve::testing::Cli("bench pool --sizes-mib 1 --count 2 --json");
   ASSERT_EQ(pb.code, 0) << pb.out;
   const json b = JsonIn(pb.out);
   ASSERT_FALSE(b.is_discarded()) << pb.out;
   EXPECT_GT(b["rows"][0]["get_gbps"].get<double>(), 0);
+}
+
+// Pool mode on the process testbed with a redis-server of its own (by default): every policy's
+// lone hit is checked and reported, the run says what ran, and nothing it started is left.
+TEST(ServeCli, PoolBenchmarkOnNodeProcessesStartsAndStopsItsOwnRedis) {
+  auto r = kvserve::testing::Cli(
+      "bench e2e --mode pool --backend redis --bandwidths 2 --requests 3 --repeats 1 --load 0.5 --prompt-tokens 512 "
+      "--suffix-tokens 16 --reuse 1 --max-new 2 --static kivi2 --pool-capacity-mib 777 --allow-uncalibrated --json 2>/dev/null",
+      "", 300);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = JsonIn(r.out);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["nodes"], "process");
+  EXPECT_EQ(j["backend"], "redis");
+  EXPECT_TRUE(j["link"] == "netns" || j["link"] == "shaper") << j["link"];
+  EXPECT_TRUE(j["codec"]["cores"].contains("redis_server")) << j["codec"].dump();
+  ASSERT_EQ(j["calibration"]["checks"].size(), 4u);
+  for (const json& c : j["calibration"]["checks"]) {
+    EXPECT_GT(c["measured_ms"].get<double>(), 0) << c.dump();
+    if (c["policy"] == "none") {
+      EXPECT_EQ(c["strategy"], "none") << c.dump();
+    }
+  }
+  for (const json& p : j["points"]) {
+    EXPECT_EQ(p["errors"], 0) << p.dump();
+    EXPECT_TRUE(p["ci95"].contains("ttft_mean_ms")) << p.dump();
+  }
+  EXPECT_FALSE(j["ratios"].empty());
+  // Its redis-servers (maxmemory 777mb) are gone.
+  EXPECT_TRUE(ProcessesWith({"--maxmemory", "777mb"}).empty());
 }
 
 }  // namespace

@@ -47,6 +47,12 @@ std::string Regenerate(const std::string& rel) {
                                     "--repeats 2 --load 0.9 --static kivi2,uniform8 --capacity-gbps 5 --capacity-requests 12 "
                                     "--capacity-steps 3 --json > docs/results/e2e_capacity.json; then python3 "
                                     "scripts/e2e_report.py (its .md)"},
+      {"docs/results/e2e_repeatability", "build/kvserve bench e2e --kv-shape llama3-8b --prompt-tokens 4096 --bandwidths 2,5 "
+                                         "--requests 24 --load 0.9 --json > docs/results/e2e_repeatability_runN.json, twice; "
+                                         "docs/results/e2e_repeatability.md by hand from both"},
+      {"docs/results/e2e_pool_redis", "build/kvserve bench e2e --mode pool --backend redis --bandwidths 5,10 --requests 12 "
+                                      "--prompt-tokens 4096 --static kivi2,uniform8 --json --svg docs/results/e2e_pool_redis.svg > "
+                                      "docs/results/e2e_pool_redis.json; then python3 scripts/e2e_pool_report.py (its .md)"},
       {"docs/results/e2e_pool", "build/kvserve bench e2e --mode pool --bandwidths 5,10,15 --requests 12 --prompt-tokens 4096 "
                                 "--json --svg docs/results/e2e_pool.svg > docs/results/e2e_pool.json; then python3 "
                                 "scripts/e2e_pool_report.py (docs/results/e2e_pool.md)"},
@@ -172,14 +178,17 @@ TEST(ShippedArtefacts, ResultTablesNameCanonicalStrategies) {
 
 // The end-to-end result has the fields the current bench writes, its policies are ones the
 // current bench runs, and points above its measured link ceiling are labelled modelled.
-// The end-to-end results (every shipped PD run: shapes, capacity) have the fields the current
+// The end-to-end results (every shipped PD run: shapes, capacity, repeatability) have the fields the current
 // bench writes — the testbed they ran on, the calibration, intervals and paired ratios — their
 // policies are ones the current bench runs, and points above the measured link ceiling are
 // labelled modelled.
 TEST(ShippedArtefacts, EndToEndResultsHaveTheCurrentFormat) {
   std::vector<std::string> results;
   for (const std::string& rel : Files("docs/results", ".json"))
-    if (rel.rfind("docs/results/e2e_pd", 0) == 0 || rel.rfind("docs/results/e2e_capacity", 0) == 0) results.push_back(rel);
+    if (rel.rfind("docs/results/e2e_pd", 0) == 0 || rel.rfind("docs/results/e2e_capacity", 0) == 0 ||
+        rel.rfind("docs/results/e2e_repeatability", 0) == 0) {
+      results.push_back(rel);
+    }
   ASSERT_GE(results.size(), 2u);
   for (const std::string& rel : results) {
     SCOPED_TRACE(Regenerate(rel));
@@ -221,24 +230,33 @@ TEST(ShippedArtefacts, FuzzSeedFramesAreCurrentFrames) {
   }
 }
 
-TEST(ShippedArtefacts, PoolEndToEndResultHasTheReportedFields) {
-  const std::string rel = "docs/results/e2e_pool.json";
-  SCOPED_TRACE(Regenerate(rel));
-  const json r = ReadJson(rel);
-  for (const char* k : {"mode", "backend", "kv_shape", "link_ceiling_gbps", "points", "compute_model", "reuse", "prefix_tokens"})
-    ASSERT_TRUE(r.contains(k)) << k;
-  EXPECT_EQ(r["mode"], "pool");
-  std::set<std::string> policies;
-  for (const json& p : r["points"]) {
-    for (const char* k : {"gbps", "policy", "measured", "ttft_mean_ms", "ttft_p99_ms", "hit_ttft_mean_ms", "hit_rate",
-                          "slo_attainment", "wire_bytes", "quality", "floor_violations", "choices"})
-      ASSERT_TRUE(p.contains(k)) << k << " in " << p.dump();
-    policies.insert(p["policy"].get<std::string>());
-    const std::string policy = p["policy"];
-    EXPECT_TRUE(policy == "none" || policy == "adaptive" || policy == "recompute" || policy.rfind("static:", 0) == 0) << policy;
-    if (policy == "recompute") EXPECT_EQ(p["hit_rate"].get<double>(), 0.0);
+// The pool results (embedded and redis backends) have the fields the current bench writes: the
+// testbed they ran on, the calibration, repeats with intervals and paired ratios of TTFT.
+TEST(ShippedArtefacts, PoolEndToEndResultsHaveTheCurrentFormat) {
+  for (const std::string rel : {"docs/results/e2e_pool.json", "docs/results/e2e_pool_redis.json"}) {
+    SCOPED_TRACE(Regenerate(rel));
+    const json r = ReadJson(rel);
+    for (const char* k : {"mode", "backend", "kv_shape", "link_ceiling_gbps", "points", "compute_model", "reuse", "prefix_tokens",
+                          "nodes", "link", "calibration", "ratios", "repeats"})
+      ASSERT_TRUE(r.contains(k)) << k;
+    EXPECT_EQ(r["mode"], "pool");
+    EXPECT_TRUE(r["calibration"].contains("checks") && r["calibration"].contains("wire_payload_share"));
+    std::set<std::string> policies;
+    for (const json& p : r["points"]) {
+      for (const char* k : {"gbps", "policy", "measured", "ttft_mean_ms", "ttft_p99_ms", "hit_ttft_mean_ms", "hit_rate",
+                            "slo_attainment", "wire_bytes", "quality", "floor_violations", "choices", "valid", "ci95", "vs_none",
+                            "repeat_ttft_mean_ms"})
+        ASSERT_TRUE(p.contains(k)) << k << " in " << p.dump();
+      EXPECT_TRUE(p["ci95"].contains("ttft_mean_ms")) << p.dump();
+      policies.insert(p["policy"].get<std::string>());
+      const std::string policy = p["policy"];
+      EXPECT_TRUE(policy == "none" || policy == "adaptive" || policy == "recompute" || policy.rfind("static:", 0) == 0) << policy;
+      if (policy == "recompute") {
+        EXPECT_EQ(p["hit_rate"].get<double>(), 0.0);
+      }
+    }
+    for (const char* k : {"none", "adaptive", "recompute"}) EXPECT_TRUE(policies.count(k)) << k;
   }
-  for (const char* k : {"none", "adaptive", "recompute"}) EXPECT_TRUE(policies.count(k)) << k;
 }
 
 }  // namespace

@@ -68,6 +68,20 @@ TEST(Transport, ShapedLinkDeliversTheSameBytes) {
   EXPECT_EQ(m->body, b);
 }
 
+// Bytes that began to cross earlier (a pool value copied out meanwhile) count that time as link
+// time: 10 MiB at 0.1 Gbit/s (839 ms) whose copy took 900 ms pass at once; the next 10 MiB queue
+// behind them (less the idle link's one burst of credit, 1 MiB: 755 ms).
+TEST(Transport, ShaperCountsTheTimeSinceBytesBeganToCross) {
+  LinkShaper shaper(0.1);
+  const auto started = Clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));  // the copy
+  const auto t0 = Clock::now();
+  shaper.Take(10 << 20, started);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 0.3);
+  shaper.Take(10 << 20);
+  EXPECT_GE(std::chrono::duration<double>(Clock::now() - t0).count(), 0.75);
+}
+
 TEST(Transport, SilentPeerMissesTheDeadlineAndClosedPeerIsUnavailable) {
   auto t = MakeTcpTransport();
   Pair p = Connected(*t);
