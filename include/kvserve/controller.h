@@ -46,17 +46,26 @@ struct BandwidthEstimatorOptions {
   double step_agree = 0.35;     // two suspect samples within this relative distance: a step
   double idle_seconds = 2.0;    // older estimates lose confidence; ask for a probe after this
   double window_seconds = 30.0; // history for the planning estimate (harmonic mean)
+  // A transfer's time is latency + bytes / B. Transfers smaller than this are mostly latency:
+  // they inform the latency estimate and never the bandwidth (a burst of 6 KB transfers would
+  // otherwise read a 10 Gbit/s link as 0.3). Larger ones count their time less that latency.
+  double min_bandwidth_bytes = 256 * 1024;
+  double latency_alpha = 0.2;   // EWMA weight of a new latency sample
 };
 
 // Not thread-safe: one estimator per link, updated and read by one thread (or under a lock).
 class BandwidthEstimator {
  public:
   explicit BandwidthEstimator(BandwidthEstimatorOptions o = {}) : o_(o) {}
-  // A completed transfer (or a probe) of `bytes` taking `seconds`, finished at `now`.
+  // A completed transfer (or a probe) of `bytes` taking `seconds`, finished at `now`: below
+  // min_bandwidth_bytes a latency sample, above it a throughput sample of bytes / (seconds less
+  // the latency estimate, at most half of them).
   void AddSample(double bytes, double seconds, double now);
   void AddThroughput(double bytes_per_second, double now);
   bool has_estimate() const { return n_ > 0; }
   double estimate() const { return estimate_; }  // bytes per second, the current level
+  // Seconds a transfer takes beyond its bytes at the estimated rate (0 until a small one is seen).
+  double latency_seconds() const { return latency_; }
   // What to plan with: the smaller of the current level and the harmonic mean of the samples of
   // the last window. Transfer time is 1/B, so under a varying link its expectation follows the
   // harmonic mean, not the arithmetic one; on a steady link both equal the level.
@@ -69,6 +78,8 @@ class BandwidthEstimator {
   BandwidthEstimatorOptions o_;
   double estimate_ = 0, dev_ = 0, last_time_ = 0;
   double suspect_ = 0;  // a pending suspect sample (0: none)
+  double latency_ = 0;
+  bool has_latency_ = false;
   uint32_t n_ = 0;
   std::vector<std::pair<double, double>> history_;  // (time, throughput), oldest first
 };

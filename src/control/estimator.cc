@@ -1,5 +1,6 @@
 // Bandwidth estimation from completed transfers and probes: an EWMA of throughput that rejects
-// a lone outlier but follows a step change once two samples agree on the new level.
+// a lone outlier but follows a step change once two samples agree on the new level; small
+// transfers estimate the per-transfer latency instead, which larger ones then discount.
 #include <algorithm>
 #include <cmath>
 
@@ -8,8 +9,15 @@
 namespace kvserve {
 
 void BandwidthEstimator::AddSample(double bytes, double seconds, double now) {
-  if (!(bytes > 0) || !(seconds > 0)) return;
-  AddThroughput(bytes / seconds, now);
+  if (!(bytes > 0) || !(seconds > 0) || !std::isfinite(bytes) || !std::isfinite(seconds)) return;
+  if (bytes < o_.min_bandwidth_bytes) {
+    // Mostly latency: what is left after its bytes at the current level (all of it before one).
+    const double sample = std::max(0.0, seconds - (n_ > 0 ? bytes / estimate_ : 0.0));
+    latency_ = has_latency_ ? latency_ + o_.latency_alpha * (sample - latency_) : sample;
+    has_latency_ = true;
+    return;
+  }
+  AddThroughput(bytes / (seconds - std::min(latency_, 0.5 * seconds)), now);
 }
 
 void BandwidthEstimator::AddThroughput(double x, double now) {

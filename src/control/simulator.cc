@@ -304,7 +304,9 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
   o.controller = co;
   World world(s, trace, o);
   Resources res;
-  BandwidthEstimator est;
+  // The simulated link has no per-transfer latency (a transfer's time is its bytes at the
+  // link's rate), and partial samples of a transfer's tail may be small: every sample counts.
+  BandwidthEstimator est({.min_bandwidth_bytes = 0});
   PolicyReport rep;
   rep.policy = std::string(policy);
   std::vector<uint32_t> counts(s.size(), 0);
