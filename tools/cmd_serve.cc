@@ -192,10 +192,11 @@ Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std:
 }
 
 // The HTTP API of a node that serves requests itself (prefill, pool): POST /generate, GET
-// /metrics (Prometheus, with the bandwidth estimate), GET /health; a JSON log line per request.
+// /metrics (Prometheus, with the estimator's bandwidth and latency), GET /health; a JSON log
+// line per request.
 void AddNodeRoutes(httplib::Server& svr, const NodeModel& model, LogLevel log, const std::string& role,
                    std::function<Result<ServeResponse>(const ServeRequest&)> serve, std::function<std::string()> metrics,
-                   std::function<double()> bandwidth_gbps) {
+                   std::function<double()> bandwidth_gbps, std::function<double()> latency_seconds) {
   auto next_id = std::make_shared<std::atomic<uint64_t>>(1);
   // The longest body a valid request can have: its prompt as text (every token at most the
   // longest piece, escaped) or as ids, and the other fields.
@@ -224,11 +225,14 @@ void AddNodeRoutes(httplib::Server& svr, const NodeModel& model, LogLevel log, c
     }
     res.set_content(body + "\n", "application/json");
   });
-  svr.Get("/metrics", [role, metrics, bandwidth_gbps](const httplib::Request&, httplib::Response& res) {
+  svr.Get("/metrics", [role, metrics, bandwidth_gbps, latency_seconds](const httplib::Request&, httplib::Response& res) {
     std::string m = metrics();
     m += "# HELP kvserve_bandwidth_estimate_gbps the estimator's current link bandwidth\n"
          "# TYPE kvserve_bandwidth_estimate_gbps gauge\nkvserve_bandwidth_estimate_gbps{node=\"" + role + "\"} " +
          std::to_string(bandwidth_gbps()) + "\n";
+    m += "# HELP kvserve_link_latency_seconds the estimator's per-transfer latency, from transfers under 256 KiB\n"
+         "# TYPE kvserve_link_latency_seconds gauge\nkvserve_link_latency_seconds{node=\"" + role + "\"} " +
+         std::to_string(latency_seconds()) + "\n";
     res.set_content(m, "text/plain; version=0.0.4");
   });
   svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
@@ -278,7 +282,8 @@ Status RunPrefill(const PrefillFlags& f) {
   if (log != LogLevel::kQuiet) std::fprintf(stderr, "prefill node: %s, transport tcp\n", model.Describe().c_str());
   httplib::Server svr;
   AddNodeRoutes(svr, model, log, "prefill", [&](const ServeRequest& r) { return node->Serve(r); },
-                [&] { return node->metrics().Prometheus("prefill"); }, [&] { return node->bandwidth_estimate_gbps(); });
+                [&] { return node->metrics().Prometheus("prefill"); }, [&] { return node->bandwidth_estimate_gbps(); },
+                [&] { return node->link_latency_seconds(); });
   return ServeHttpUntilSignal(svr, f.listen, "prefill");
 }
 
@@ -318,7 +323,8 @@ Status RunPoolServe(const PoolServeFlags& f) {
   }
   httplib::Server svr;
   AddNodeRoutes(svr, model, log, "pool", [&](const ServeRequest& r) { return node->Serve(r); },
-                [&] { return node->metrics().Prometheus("pool"); }, [&] { return node->bandwidth_estimate_gbps(); });
+                [&] { return node->metrics().Prometheus("pool"); }, [&] { return node->bandwidth_estimate_gbps(); },
+                [&] { return node->link_latency_seconds(); });
   return ServeHttpUntilSignal(svr, f.listen, "pool");
 }
 

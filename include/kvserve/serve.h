@@ -182,6 +182,7 @@ class PrefillNode {
   Status Prepare(uint32_t n_token);
   const NodeMetrics& metrics() const { return metrics_; }
   double bandwidth_estimate_gbps() const;
+  double link_latency_seconds() const;  // the estimator's per-transfer latency (0 until measured)
 
  private:
   PrefillNode(Transport* transport, PrefillNodeOptions opts);
@@ -245,6 +246,7 @@ class PoolNode {
   Status Prepare(uint32_t n_token);  // synthetic: makes an n_token prompt's KV before timing
   const NodeMetrics& metrics() const { return metrics_; }
   double bandwidth_estimate_gbps() const;
+  double link_latency_seconds() const;  // the estimator's per-fetch latency (0 until measured)
   // Strategy 0 is none; adaptive nodes have the profile's after it.
   const std::vector<StrategyCost>& strategies() const { return s_; }
 

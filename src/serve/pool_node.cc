@@ -77,6 +77,11 @@ double PoolNode::bandwidth_estimate_gbps() const {
   return estimator_.has_estimate() ? estimator_.estimate() * 8 / 1e9 : opts_.assume_gbps;
 }
 
+double PoolNode::link_latency_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return estimator_.latency_seconds();
+}
+
 PoolNode::PoolNode(PoolNodeOptions opts) : opts_(std::move(opts)) {}
 PoolNode::~PoolNode() = default;
 

@@ -55,6 +55,11 @@ double PrefillNode::bandwidth_estimate_gbps() const {
   return estimator_.has_estimate() ? estimator_.estimate() * 8 / 1e9 : opts_.assume_gbps;
 }
 
+double PrefillNode::link_latency_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return estimator_.latency_seconds();
+}
+
 PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes, double model_seconds) {
   Choice c;
   if (!req.strategy.empty() || controller_ == nullptr) {

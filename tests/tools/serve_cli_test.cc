@@ -158,6 +158,11 @@ TEST(ServeCli, RouterPrefillDecodeGiveLocalTextAndSurviveBadInput) {
     ASSERT_TRUE(metrics);
     EXPECT_NE(metrics->body.find("kvserve_requests_total{node=\"prefill\"} 2"), std::string::npos) << metrics->body;
     EXPECT_NE(metrics->body.find("kvserve_bandwidth_estimate_gbps"), std::string::npos);
+    // This model's few KB of KV a request are latency samples, not bandwidth ones.
+    const std::string gauge = "kvserve_link_latency_seconds{node=\"prefill\"} ";
+    const size_t at = metrics->body.find(gauge);
+    ASSERT_NE(at, std::string::npos) << metrics->body;
+    EXPECT_GT(std::stod(metrics->body.substr(at + gauge.size())), 0) << metrics->body;
   }
 }
 
