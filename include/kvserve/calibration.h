@@ -18,7 +18,7 @@ namespace kvserve {
 double PipelinedSeconds(double encode_s, double wire_s, double decode_s, uint32_t n_frames);
 
 struct StageCheck {
-  std::string stage;  // "queue", "prefill", "transfer" (pool: "fetch"), "generate", "store", "other"
+  std::string stage;  // "queue", "prefill", "transfer" (pool: "fetch"), "generate" (PD), "other"
   double measured_s = 0, predicted_s = 0;
 };
 

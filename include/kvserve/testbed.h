@@ -61,8 +61,9 @@ struct ChildSpec {
 };
 
 // A node process. Start returns once the child printed "... listening on HOST:PORT" (or the
-// spec's ready_text) on stdout (its stderr is the caller's). The child gets SIGKILL if the thread that started it exits
-// (PR_SET_PDEATHSIG), so start children from a thread that outlives them (the main thread).
+// spec's ready_text) on stdout (its stderr is the caller's). The child gets SIGKILL if the
+// thread that started it exits (PR_SET_PDEATHSIG), so start children from a thread that
+// outlives them (the main thread).
 class ChildProcess {
  public:
   static Result<std::unique_ptr<ChildProcess>> Start(const ChildSpec& spec);
@@ -157,8 +158,8 @@ struct ProcessTestbedOptions {
 // namespace and the prefill node and router in its sender namespace, so KV crosses the shaped
 // veth. In pool mode: the pool's server (redis backend) where the decode node would be, a pool
 // node where the prefill node would be, and the router. Requests go to the router's HTTP
-// /generate; a client must be in client_netns() to reach it. Stop (or destruction) stops every process and removes the namespaces, whatever
-// state they are in.
+// /generate; a client must be in client_netns() to reach it. Stop (or destruction) stops every
+// process and removes the namespaces, whatever state they are in.
 class ProcessTestbed {
  public:
   static Result<std::unique_ptr<ProcessTestbed>> Start(const ProcessTestbedOptions& o);
