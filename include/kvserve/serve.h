@@ -133,6 +133,7 @@ class DecodeNode {
     KvBlock kv;        // the request's KV, reshaped per request
     ByteBuffer frame;  // the last frame's allocation, received into again
   };
+  Status MakeComputeOnce();
   std::unique_ptr<Scratch> TakeScratch();
   void GiveScratch(std::unique_ptr<Scratch> s);
   std::mutex scratch_mu_;

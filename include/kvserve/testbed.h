@@ -178,7 +178,8 @@ class ProcessTestbed {
 
  private:
   ProcessTestbed() = default;
-  Status StartPool(const ProcessTestbedOptions& o, const std::string& gbps, const std::string& here, const std::string& timeout);
+  Status StartPd(const ProcessTestbedOptions& o, const std::string& gbps, const std::string& here, const std::string& timeout);
+  Status StartPool(const ProcessTestbedOptions& o, const std::string& gbps, const std::string& here);
   std::unique_ptr<NetnsLink> link_;
   std::unique_ptr<ChildProcess> decode_, prefill_, router_, pool_node_, pool_server_;
 };

@@ -20,10 +20,15 @@ using serve_internal::SendJson;
 DecodeNode::DecodeNode(Transport* transport, DecodeNodeOptions opts) : transport_(transport), opts_(std::move(opts)) {}
 DecodeNode::~DecodeNode() { Stop(); }
 
+// The compute is made by the first of Prepare and Start (the constructor cannot say why it fails).
+Status DecodeNode::MakeComputeOnce() {
+  if (compute_ != nullptr) return Status::Ok();
+  KV_ASSIGN_OR_RETURN(compute_, serve_internal::MakeCompute(opts_.model, opts_.synthetic, nullptr, "decode"));
+  return Status::Ok();
+}
+
 Status DecodeNode::Start(const std::string& listen_address) {
-  if (compute_ == nullptr) {
-    KV_ASSIGN_OR_RETURN(compute_, serve_internal::MakeCompute(opts_.model, opts_.synthetic, nullptr, "decode"));
-  }
+  KV_RETURN_IF_ERROR(MakeComputeOnce());
   KV_ASSIGN_OR_RETURN(listener_, transport_->Listen(listen_address));
   port_ = listener_->port();
   acceptor_ = std::thread([this] { AcceptLoop(); });
@@ -221,9 +226,7 @@ void DecodeNode::ServeRequests(Connection* c) {
 }
 
 Status DecodeNode::Prepare(uint32_t n_token) {
-  if (compute_ == nullptr) {
-    KV_ASSIGN_OR_RETURN(compute_, serve_internal::MakeCompute(opts_.model, opts_.synthetic, nullptr, "decode"));
-  }
+  KV_RETURN_IF_ERROR(MakeComputeOnce());
   const serve_internal::ComputeShape& s = compute_->shape();
   if (n_token == 0 || n_token > s.max_prompt) {
     return Status::InvalidArgument("decode node: cannot prepare for " + std::to_string(n_token) + " tokens (1 to " +

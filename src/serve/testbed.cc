@@ -295,8 +295,18 @@ std::vector<std::string> NetnsWithPrefix(const std::string& prefix) {
 
 // ---- ProcessTestbed -------------------------------------------------------------------------------
 
+namespace {
+// "4096,512": a flag's list of token counts.
+std::string CommaList(const std::vector<uint32_t>& v) {
+  std::string out;
+  for (uint32_t n : v) out += (out.empty() ? "" : ",") + std::to_string(n);
+  return out;
+}
+}  // namespace
+
 Result<std::unique_ptr<ProcessTestbed>> ProcessTestbed::Start(const ProcessTestbedOptions& o) {
   if (o.link != "shaper" && o.link != "netns") return Status::InvalidArgument("link '" + o.link + "': shaper | netns");
+  if (o.mode != "pd" && o.mode != "pool") return Status::InvalidArgument("process testbed mode '" + o.mode + "': pd | pool");
   if (o.kvserve.empty()) return Status::InvalidArgument("process testbed: no kvserve binary to run the nodes");
   std::unique_ptr<ProcessTestbed> t(new ProcessTestbed());
   if (o.link == "netns") {
@@ -306,30 +316,35 @@ Result<std::unique_ptr<ProcessTestbed>> ProcessTestbed::Start(const ProcessTestb
   char gbps[64];
   std::snprintf(gbps, sizeof gbps, "%.6g", o.gbps);
   const std::string here = "127.0.0.1:0";
-  if (o.mode == "pool") {
-    KV_RETURN_IF_ERROR(t->StartPool(o, gbps, here, timeout));
-    return t;
-  }
-  if (o.mode != "pd") return Status::InvalidArgument("process testbed mode '" + o.mode + "': pd | pool");
+  KV_RETURN_IF_ERROR(o.mode == "pool" ? t->StartPool(o, gbps, here) : t->StartPd(o, gbps, here, timeout));
+  // The router, in front of the node that takes requests.
+  const ChildProcess* front = t->pool_node_ ? t->pool_node_.get() : t->prefill_.get();
+  KV_ASSIGN_OR_RETURN(t->router_, ChildProcess::Start({"router",
+                                                       {o.kvserve, "serve", "router", "--listen", here, "--peer", front->address(),
+                                                        "--timeout", timeout, "--log-level", "quiet"},
+                                                       o.cpu_router,
+                                                       t->client_netns()}));
+  return t;
+}
+
+// The decode node (in the link's receiver namespace), then the prefill node sending to it.
+Status ProcessTestbed::StartPd(const ProcessTestbedOptions& o, const std::string& gbps, const std::string& here,
+                               const std::string& timeout) {
   ChildSpec decode{"decode",
                    {o.kvserve, "serve", "decode", "--kv-shape", o.kv_shape, "--gpu", o.gpu, "--listen",
-                    t->link_ ? std::string(NetnsLink::kReceiverIp) + ":0" : here, "--timeout", timeout, "--log-level", "quiet"},
+                    link_ ? std::string(NetnsLink::kReceiverIp) + ":0" : here, "--timeout", timeout, "--log-level", "quiet"},
                    o.cpu_decode,
-                   t->link_ ? t->link_->receiver() : ""};
-  std::string prepare, buffers;
-  uint32_t longest = 0;
-  for (uint32_t n : o.prepare_tokens) {
-    if (!prepare.empty()) prepare += ',';
-    prepare += std::to_string(n);
-    longest = std::max(longest, n);
-  }
+                   link_ ? link_->receiver() : ""};
+  const std::string prepare = CommaList(o.prepare_tokens);
   // Four request buffers for the longest prompt (the decode node keeps four; shorter prompts
   // reshape them), so requests in flight together find theirs ready too.
-  for (int i = 0; longest > 0 && i < 4; ++i) buffers += (i ? "," : "") + std::to_string(longest);
-  if (!buffers.empty()) decode.argv.insert(decode.argv.end(), {"--prepare-tokens", buffers});
-  KV_ASSIGN_OR_RETURN(t->decode_, ChildProcess::Start(decode));
+  if (!o.prepare_tokens.empty()) {
+    const uint32_t longest = *std::max_element(o.prepare_tokens.begin(), o.prepare_tokens.end());
+    decode.argv.insert(decode.argv.end(), {"--prepare-tokens", CommaList(std::vector<uint32_t>(4, longest))});
+  }
+  KV_ASSIGN_OR_RETURN(decode_, ChildProcess::Start(decode));
   std::vector<std::string> prefill_argv = {o.kvserve, "serve", "prefill", "--kv-shape", o.kv_shape, "--gpu", o.gpu,
-                                           "--listen", here, "--peer", t->decode_->address(), "--assume-gbps", gbps,
+                                           "--listen", here, "--peer", decode_->address(), "--assume-gbps", gbps,
                                            "--timeout", timeout, "--threads", std::to_string(o.threads), "--log-level", "quiet"};
   if (!prepare.empty()) prefill_argv.insert(prefill_argv.end(), {"--prepare-tokens", prepare});
   if (!o.profile.empty()) {
@@ -337,22 +352,16 @@ Result<std::unique_ptr<ProcessTestbed>> ProcessTestbed::Start(const ProcessTestb
   } else {
     prefill_argv.insert(prefill_argv.end(), {"--strategy", o.strategy});
   }
-  if (!t->link_) prefill_argv.insert(prefill_argv.end(), {"--shape-gbps", gbps});
+  if (!link_) prefill_argv.insert(prefill_argv.end(), {"--shape-gbps", gbps});
   if (o.send_delay_ns > 0) prefill_argv.insert(prefill_argv.end(), {"--inject-send-delay-ns", std::to_string(o.send_delay_ns)});
-  KV_ASSIGN_OR_RETURN(t->prefill_, ChildProcess::Start({"prefill", prefill_argv, o.cpu_prefill, t->client_netns()}));
-  KV_ASSIGN_OR_RETURN(t->router_, ChildProcess::Start({"router",
-                                                       {o.kvserve, "serve", "router", "--listen", here, "--peer", t->prefill_->address(),
-                                                        "--timeout", timeout, "--log-level", "quiet"},
-                                                       o.cpu_router,
-                                                       t->client_netns()}));
-  return t;
+  KV_ASSIGN_OR_RETURN(prefill_, ChildProcess::Start({"prefill", prefill_argv, o.cpu_prefill, client_netns()}));
+  return Status::Ok();
 }
 
-// The pool's server (redis), the pool node, the router. With link netns the server is alone in
+// The pool's server (redis), then the pool node. With link netns the server is alone in
 // the receiver namespace, so every byte to and from the pool crosses the shaped veth; otherwise
 // the pool node's token bucket paces its pool traffic.
-Status ProcessTestbed::StartPool(const ProcessTestbedOptions& o, const std::string& gbps, const std::string& here,
-                                 const std::string& timeout) {
+Status ProcessTestbed::StartPool(const ProcessTestbedOptions& o, const std::string& gbps, const std::string& here) {
   if (o.pool_backend != "embedded" && o.pool_backend != "redis") {
     return Status::InvalidArgument("process testbed pool backend '" + o.pool_backend + "': embedded | redis");
   }
@@ -385,17 +394,10 @@ Status ProcessTestbed::StartPool(const ProcessTestbedOptions& o, const std::stri
                                    "--pool", pool, "--policy", o.pool_policy, "--chunk-tokens", std::to_string(o.chunk_tokens),
                                    "--capacity-mib", std::to_string(o.pool_capacity_mib), "--assume-gbps", gbps,
                                    "--threads", std::to_string(o.threads), "--log-level", "quiet"};
-  std::string prepare;
-  for (uint32_t n : o.prepare_tokens) prepare += (prepare.empty() ? "" : ",") + std::to_string(n);
-  if (!prepare.empty()) argv.insert(argv.end(), {"--prepare-tokens", prepare});
+  if (!o.prepare_tokens.empty()) argv.insert(argv.end(), {"--prepare-tokens", CommaList(o.prepare_tokens)});
   if (!o.profile.empty()) argv.insert(argv.end(), {"--profile", o.profile});
   if (!link_) argv.insert(argv.end(), {"--shape-gbps", gbps});
   KV_ASSIGN_OR_RETURN(pool_node_, ChildProcess::Start({"pool", argv, o.cpu_prefill, client_netns()}));
-  KV_ASSIGN_OR_RETURN(router_, ChildProcess::Start({"router",
-                                                    {o.kvserve, "serve", "router", "--listen", here, "--peer", pool_node_->address(),
-                                                     "--timeout", timeout, "--log-level", "quiet"},
-                                                    o.cpu_router,
-                                                    client_netns()}));
   return Status::Ok();
 }
 
