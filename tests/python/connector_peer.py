@@ -1,6 +1,7 @@
 """A decode worker for the connector test, in its own process: listens with a consumer
 KVConnector, loads the requests it is told into zeroed caches layer by layer, saves each cache
-as REQUEST.npy and exits. Prints its port first."""
+as REQUEST.npy and exits when its standard input closes (the producer is done: closing earlier
+would break the producer's last END message). Prints its port first."""
 
 import argparse
 import sys
@@ -24,5 +25,6 @@ with kvserve.KVConnector("consumer", n_layer=n_layer, listen="127.0.0.1:0", time
             conn.wait_for_layer_load(rid, layer)
         np.save(f"{args.out}/{rid}.npy", cache)
         conn.request_finished(rid)
+    sys.stdin.read()  # until the test closes it: the producer has sent everything
 print("DONE", flush=True)
 sys.exit(0)

@@ -25,7 +25,7 @@ def start_peer(tmp_path, requests):
     proc = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "connector_peer.py"), "--shape", ",".join(map(str, SHAPE)),
          "--requests", ",".join(map(str, requests)), "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line.startswith("PORT "):
         proc.kill()
@@ -60,6 +60,7 @@ def test_layers_stream_to_a_decode_process(tmp_path):
             sending, _ = prod.get_finished()
             assert sending == set(requests)
             used = dict(prod.saved_strategy)
+        proc.stdin.close()  # the producer is closed: the peer may go
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
         for rid in requests:
             got = np.load(tmp_path / f"{rid}.npy")
