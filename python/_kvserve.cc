@@ -95,7 +95,9 @@ DType DTypeOfArray(const py::array& a, const std::optional<std::string>& dtype) 
     const size_t item = size_t(a.itemsize());
     const bool fits = (want == DType::kF32 && kind == 'f' && item == 4) ||
                       (want == DType::kF16 && kind == 'f' && item == 2) ||
-                      (want == DType::kBF16 && (kind == 'u' || kind == 'V' || kind == 'f') && item == 2);
+                      (want == DType::kBF16 && (kind == 'u' || kind == 'V' || kind == 'f') && item == 2) ||
+                      // FP8: uint8 arrays with the dtype named, or ml_dtypes' float8 types (kind 'V').
+                      ((want == DType::kE4M3 || want == DType::kE5M2) && (kind == 'u' || kind == 'V') && item == 1);
     if (!fits) {
       Throw(Status::InvalidArgument("array dtype " + std::string(py::str(a.dtype())) + " does not hold " + *dtype));
     }
@@ -104,7 +106,8 @@ DType DTypeOfArray(const py::array& a, const std::optional<std::string>& dtype) 
   if (a.dtype().is(py::dtype::of<float>())) return DType::kF32;
   if (a.dtype().kind() == 'f' && a.itemsize() == 2) return DType::kF16;
   Throw(Status::InvalidArgument("array dtype " + std::string(py::str(a.dtype())) +
-                                " is not float16 or float32 (bf16: a uint16 array with dtype='bf16')"));
+                                " is not float16 or float32 (bf16: a uint16 array with dtype='bf16'; FP8: a uint8 array with "
+                                "dtype='e4m3' or 'e5m2')"));
 }
 
 // A view over the array's memory when its layout is the KV layout: [layer][K|V][head] slabs of
@@ -143,6 +146,9 @@ py::dtype NumpyDType(DType dt) {
       return py::dtype("float16");
     case DType::kBF16:
       return py::dtype::of<uint16_t>();
+    case DType::kE4M3:
+    case DType::kE5M2:
+      return py::dtype::of<uint8_t>();
   }
   return py::dtype::of<float>();
 }

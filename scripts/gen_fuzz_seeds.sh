@@ -26,3 +26,5 @@ seed delta_anchor_3__mixhq_ 3 'delta(anchor=3)|mixhq'
 seed mixhq_lo_frac_0_5__rans_ 24 'mixhq(lo_frac=0.5)|rans'
 seed mixhq_levels__rans_ 24 "mixhq(levels=$levels)|rans"
 seed prune_quant_rans 64 'prune(sink=2,recent=8,keep=0.5)|quant(kbits=3,vbits=3)|rans'
+seed fpsplit 3 'fpsplit'
+seed fpsplit_bf16__rans_ 24 'fpsplit(dtype=bf16)|rans'

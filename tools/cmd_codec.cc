@@ -69,7 +69,7 @@ void AddCodecCommands(CLI::App& app) {
     c->add_option("--shape", *shape, "llama3-8b | stories260k | babyllama105")->capture_default_str();
     c->add_option("--tokens", *tokens, "number of tokens")->capture_default_str()->check(InRange(1, 1 << 24));
     c->add_option("--seed", *seed, "random seed")->capture_default_str();
-    c->add_option("--dtype", *dtype, "f16 | bf16 | f32")->capture_default_str();
+    c->add_option("--dtype", *dtype, "f16 | bf16 | f32 | e4m3 | e5m2")->capture_default_str();
     c->add_option("-o,--output", *out, "output .kvf file")->required()->check(OutputPath());
     SetAction(c, [=]() -> Status {
       KV_ASSIGN_OR_RETURN(KvShape s, ShapePreset(*shape, *tokens));
@@ -149,7 +149,7 @@ void AddCodecCommands(CLI::App& app) {
   }
   {
     auto* c = codec->add_subcommand("bench",
-                                    "Throughput, ratio and SNR of strategies on a synthetic llama3-8b fp16 block, "
+                                    "Throughput, ratio and SNR of strategies on a synthetic llama3-8b block (fp16 unless --dtype), "
                                     "against memcpy and zstd measured in the same run");
     auto specs = std::make_shared<std::vector<std::string>>();
     auto tokens = std::make_shared<uint32_t>(1024);
@@ -158,10 +158,13 @@ void AddCodecCommands(CLI::App& app) {
     auto as_json = std::make_shared<bool>(false);
     auto per_layer = std::make_shared<bool>(true);
     auto entropy_payload = std::make_shared<std::string>("quant(kbits=4,vbits=4)");
+    auto dtype_name = std::make_shared<std::string>("f16");
     c->add_option("-s,--strategy", *specs, "strategy to measure (repeatable); default: 8/4/2-bit quant, +/- zstd");
     c->add_option("--entropy-payload", *entropy_payload,
                   "quantised payload on which zstd(level=3) and rans are compared")->capture_default_str();
     c->add_option("--tokens", *tokens, "tokens in the block")->capture_default_str()->check(InRange(1, 65536));
+    c->add_option("--dtype", *dtype_name, "storage type of the block (f16, bf16, f32); ratios are over its bytes")
+        ->capture_default_str();
     c->add_option("--threads", *threads,
                   "codec threads; a list (1,2) sweeps them and reports each speed's scaling over the first")
         ->delimiter(',')->capture_default_str()->check(InRange(1, 256));
@@ -174,8 +177,9 @@ void AddCodecCommands(CLI::App& app) {
       const std::vector<std::string>& list = specs->empty() ? kDefaultBenchStrategies : *specs;
       for (const auto& s : list) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
       KV_RETURN_IF_ERROR(CanonicalStrategy(*entropy_payload + "|rans").status());
-      KV_ASSIGN_OR_RETURN(KvBlock block,
-                          BenchBlock(*tokens, Pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))));
+      KV_ASSIGN_OR_RETURN(DType dtype, ParseDType(*dtype_name));
+      KV_ASSIGN_OR_RETURN(KvBlock block, BenchBlock(*tokens, Pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+                                                    dtype));
       // One sweep point per thread count: zstd, every strategy, then the entropy pair.
       struct Point {
         int threads = 1;
@@ -254,7 +258,7 @@ void AddCodecCommands(CLI::App& app) {
         // The top level is the first thread count (as without a sweep); "sweep" holds every
         // point, with each speed's scaling over the first point's.
         json j;
-        j["block"] = {{"shape", block.shape().ToString()}, {"dtype", "f16"}, {"bytes", block.bytes()}};
+        j["block"] = {{"shape", block.shape().ToString()}, {"dtype", DTypeName(dtype)}, {"bytes", block.bytes()}};
         j["threads"] = base.threads;
         j["runs"] = *runs;
         j["memcpy_gbps"] = memcpy_gbps;
@@ -280,8 +284,8 @@ void AddCodecCommands(CLI::App& app) {
         std::printf("%s\n", j.dump(2).c_str());
         return Status::Ok();
       }
-      std::printf("block: llama3-8b %s fp16, %.1f MiB; median of %d runs\n", block.shape().ToString().c_str(),
-                  block.bytes() / 1048576.0, *runs);
+      std::printf("block: llama3-8b %s %s, %.1f MiB; median of %d runs\n", block.shape().ToString().c_str(),
+                  DTypeName(dtype), block.bytes() / 1048576.0, *runs);
       std::printf("memcpy           %7.2f GB/s (one thread); %s kernels\n", memcpy_gbps, cpu::TierName(cpu::Active()));
       for (const Point& p : points) {
         std::printf("\n== %d thread(s) ==\n", p.threads);

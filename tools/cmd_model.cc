@@ -310,7 +310,7 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("--context", *context, "use the prompt of evaluation-set context K")->excludes(po);
     c->add_option("--seed", ef->seed, "evaluation-set seed (with --context)")->capture_default_str();
     c->add_option("--prompt-len", ef->prompt_len, "prompt tokens of the context (with --context)");
-    c->add_option("--dtype", *dtype, "f16 | bf16 | f32")->capture_default_str();
+    c->add_option("--dtype", *dtype, "f16 | bf16 | f32 | e4m3 | e5m2")->capture_default_str();
     c->add_option("-o,--output", *out, "output .kvf")->required()->check(OutputPath());
     SetAction(c, [=]() -> Status {
       if (prompt->empty() && *context < 0) return Status::InvalidArgument("give --prompt TEXT or --context K");

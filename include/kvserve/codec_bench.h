@@ -33,8 +33,8 @@ struct BenchOptions {
   bool per_layer = false;
 };
 
-// The reference KV block of the speed goals: llama3-8b shape, fp16, synthetic, seed 1.
-Result<KvBlock> BenchBlock(uint32_t n_token = 1024, ThreadPool* pool = nullptr);
+// The reference KV block of the speed goals: llama3-8b shape, fp16 (or `dtype`), synthetic, seed 1.
+Result<KvBlock> BenchBlock(uint32_t n_token = 1024, ThreadPool* pool = nullptr, DType dtype = DType::kF16);
 
 Result<CodecMeasurement> MeasureCodec(const KvBlock& block, std::string_view spec, const BenchOptions& opts = {});
 // memcpy of `bytes` bytes between two pre-touched buffers.

@@ -39,7 +39,15 @@ struct DefaultInitAllocator : std::allocator<T> {
 };
 using ByteBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Storage types of KV. The FP8 types are the OCP 8-bit floats serving engines keep KV in (vLLM
+// `--kv-cache-dtype fp8`, SGLang `fp8_e4m3`/`fp8_e5m2`): E4M3 "FN" (bias 7, no infinities, NaN
+// S.1111.111, largest 448) and E5M2 (bias 15, IEEE-like infinities and NaNs, largest 57344).
+// Conversions into them round to nearest even and saturate: a finite value beyond the largest
+// becomes the largest (what engines do by clamping after scaling), an infinity stays one in E5M2
+// and saturates in E4M3; NaN stays NaN. Any scale an engine applies lives with the engine (or the
+// `fp8` stage), not in the dtype.
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kE4M3 = 3, kE5M2 = 4 };
+inline constexpr DType kLastDType = DType::kE5M2;
 
 size_t DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);
@@ -158,12 +166,20 @@ float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);       // round to nearest even, overflow to inf, NaN kept
 float BFloat16ToFloat(uint16_t b);
 uint16_t FloatToBFloat16(float f);   // round to nearest even, NaN kept quiet
+float E4M3ToFloat(uint8_t b);
+uint8_t FloatToE4M3(float f);        // round to nearest even, saturating (see DType)
+float E5M2ToFloat(uint8_t b);
+uint8_t FloatToE5M2(float f);        // round to nearest even, saturating, infinities kept
 // Whether ConvertToF32/ConvertFromF32 run their F16C/AVX2 loops now: the CPU has them and the
 // SIMD tier (kvserve/cpu.h) is not capped below avx2; else the scalar loops.
 bool HaveF16cConversions();
 namespace scalar {
 void HalfToFloat(const uint16_t* src, float* dst, size_t n);
 void FloatToHalf(const float* src, uint16_t* dst, size_t n);
+// The FP8 definitions by arithmetic (frexp, ldexp, nearbyint), the reference the bit-level
+// conversions of every tier are tested against.
+float Fp8ToFloatReference(DType dtype, uint8_t b);
+uint8_t FloatToFp8Reference(DType dtype, float f);
 }  // namespace scalar
 
 // Error statistics between two blocks of the same shape, per part.

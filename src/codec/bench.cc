@@ -40,11 +40,11 @@ Result<Medians> TimeRoundTrips(int runs, const std::function<Status()>& encode, 
 }
 }  // namespace
 
-Result<KvBlock> BenchBlock(uint32_t n_token, ThreadPool* pool) {
+Result<KvBlock> BenchBlock(uint32_t n_token, ThreadPool* pool, DType dtype) {
   KV_ASSIGN_OR_RETURN(KvShape shape, ShapePreset("llama3-8b", n_token));
   SynthOptions o;
   o.seed = 1;
-  o.dtype = DType::kF16;
+  o.dtype = dtype;
   o.pool = pool;
   return SynthesizeKv(shape, o);
 }

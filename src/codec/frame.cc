@@ -161,7 +161,7 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b, ThreadPool* pool) {
   FrameView v;
   v.header.version = Get<uint16_t>(p + 4);
   const uint8_t dtype = p[8];
-  if (dtype > static_cast<uint8_t>(DType::kBF16)) return Status::Corrupt("frame dtype " + std::to_string(dtype) + " unknown");
+  if (dtype > static_cast<uint8_t>(kLastDType)) return Status::Corrupt("frame dtype " + std::to_string(dtype) + " unknown");
   v.header.dtype = static_cast<DType>(dtype);
   v.header.shape = KvShape{Get<uint32_t>(p + 12), Get<uint32_t>(p + 16), Get<uint32_t>(p + 20), Get<uint32_t>(p + 24)};
   KV_RETURN_IF_ERROR(v.header.shape.Validate().WithContext("frame"));

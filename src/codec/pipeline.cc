@@ -261,7 +261,7 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
   thread_local KvBlock tensors[2];  // see Pipeline::Encode
   thread_local ByteBuffer bufs[2];
   if (infos.back()->output == DataKind::kTensor) {
-    if (v.payload.empty() || v.payload[0] > static_cast<uint8_t>(DType::kBF16)) {
+    if (v.payload.empty() || v.payload[0] > static_cast<uint8_t>(kLastDType)) {
       return Status::Corrupt("raw tensor payload has no valid dtype byte");
     }
     const DType dt = static_cast<DType>(v.payload[0]);

@@ -237,7 +237,7 @@ void RowGroupMinMax(const float* x, size_t rows, size_t n_channel, size_t group,
 
 namespace {
 inline uint8_t Code(float v, float fl) {
-  v = v < 0.f ? 0.f : v;
+  v = v >= 0.f ? v : 0.f;  // NaN (a NaN value past the first row leaves its group's range finite) codes as 0
   v = v > fl ? fl : v;
   return static_cast<uint8_t>(static_cast<int>(std::nearbyint(v)));  // ties to even, as SIMD converts
 }

@@ -87,7 +87,9 @@ struct StageRegistration {
 
 // Each stage file defines one of these; registry.cc lists them.
 StageRegistration CastStageRegistration();
+StageRegistration FpSplitStageRegistration();
 StageRegistration QuantStageRegistration();
+StageRegistration Fp8StageRegistration();
 StageRegistration ZstdStageRegistration();
 StageRegistration RansStageRegistration();
 StageRegistration RotateStageRegistration();

@@ -1,5 +1,8 @@
-// Storage dtype conversions (f32 <-> f16/bf16). The F16C loops run when the CPU has them (runtime
-// dispatch, kvserve/cpu.h); the scalar functions are the reference they are tested against.
+// Storage dtype conversions (f32 <-> f16/bf16/e4m3/e5m2). The F16C loops run when the CPU has them
+// (runtime dispatch, kvserve/cpu.h); the FP8 conversions are branch-free bit arithmetic, 8 values
+// a step with AVX2 (also on the AVX-512 tier); the scalar functions are the reference they are
+// tested against.
+#include <cmath>
 #include <cstring>
 
 #include "kvserve/cpu.h"
@@ -24,13 +27,24 @@ bool HaveF16cConversions() {
 #endif
 }
 
-size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kF16:
+    case DType::kBF16: return 2;
+    case DType::kE4M3:
+    case DType::kE5M2: return 1;
+  }
+  return 1;
+}
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kF32: return "f32";
     case DType::kF16: return "f16";
     case DType::kBF16: return "bf16";
+    case DType::kE4M3: return "e4m3";
+    case DType::kE5M2: return "e5m2";
   }
   return "?";
 }
@@ -39,7 +53,9 @@ Result<DType> ParseDType(std::string_view name) {
   if (name == "f32" || name == "fp32" || name == "float32") return DType::kF32;
   if (name == "f16" || name == "fp16" || name == "float16") return DType::kF16;
   if (name == "bf16" || name == "bfloat16") return DType::kBF16;
-  return Status::InvalidArgument("unknown dtype '" + std::string(name) + "' (expected f32, f16 or bf16)");
+  if (name == "e4m3" || name == "fp8_e4m3" || name == "float8_e4m3fn") return DType::kE4M3;
+  if (name == "e5m2" || name == "fp8_e5m2" || name == "float8_e5m2") return DType::kE5M2;
+  return Status::InvalidArgument("unknown dtype '" + std::string(name) + "' (expected f32, f16, bf16, e4m3 or e5m2)");
 }
 
 float HalfToFloat(uint16_t h) {
@@ -141,6 +157,212 @@ void FloatToHalfFast(const float* src, uint16_t* dst, size_t n) {
 }
 }  // namespace
 
+// ---- FP8 ----
+// A format: E exponent bits, M mantissa bits, bias 2^(E-1) - 1; kFn: E4M3FN (no infinities, only
+// S.1111.111 is NaN) rather than IEEE-like.
+namespace {
+template <int E, int M, bool kFn>
+struct Fp8 {
+  static constexpr int kExpBits = E, kManBits = M;
+  static constexpr bool kFnFormat = kFn;
+  static constexpr int kBias = (1 << (E - 1)) - 1;
+  static constexpr uint32_t kMaxCode = kFn ? 0x7e : uint32_t(((1 << E) - 2) << M | ((1 << M) - 1));
+  static constexpr uint32_t kInfCode = kFn ? 0x7e : uint32_t(((1 << E) - 1) << M);  // saturated in E4M3
+  static constexpr uint32_t kNanCode = kFn ? 0x7f : uint32_t(((1 << E) - 1) << M | (1 << (M - 1)));
+  // Float bits of the smallest normal, 2^(1 - bias), and of the adder whose ulp is the
+  // subnormal step 2^(1 - bias - M): a + it rounds a to that step (round to nearest even).
+  static constexpr uint32_t kMinNormalBits = uint32_t(127 + 1 - kBias) << 23;
+  static constexpr uint32_t kMagicBits = uint32_t(127 + 24 - kBias - M) << 23;
+  static constexpr uint32_t kRebias = uint32_t(127 - kBias) << M;
+
+  __attribute__((always_inline)) static inline uint8_t FromFloat(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 24) & 0x80;
+    x &= 0x7fffffffu;
+    // Normal: round the mantissa to M bits (half to even), then rebias.
+    const uint32_t r = x + ((1u << (22 - M)) - 1) + ((x >> (23 - M)) & 1);
+    const uint32_t normal = (r >> (23 - M)) - kRebias;
+    // Subnormal: the FPU's own rounding of a + magic.
+    float a, magic, t;
+    std::memcpy(&a, &x, 4);
+    const uint32_t mb = kMagicBits;
+    std::memcpy(&magic, &mb, 4);
+    t = a + magic;
+    uint32_t tb;
+    std::memcpy(&tb, &t, 4);
+    const uint32_t sub = tb - kMagicBits;
+    uint32_t code = x < kMinNormalBits ? sub : normal;
+    code = (x >= 0x7f800000u || code > kMaxCode) ? kMaxCode : code;  // saturate (infinities below)
+    code = x == 0x7f800000u ? kInfCode : code;
+    code = x > 0x7f800000u ? kNanCode : code;
+    return uint8_t(sign | code);
+  }
+
+  __attribute__((always_inline)) static inline float ToFloat(uint8_t b) {
+    const uint32_t sign = uint32_t(b & 0x80) << 24;
+    const uint32_t mag = b & 0x7f;
+    const uint32_t exp = mag >> M, man = mag & ((1u << M) - 1);
+    uint32_t bits = (mag << (23 - M)) + (uint32_t(127 - kBias) << 23);
+    // Subnormal: man * 2^(1 - bias - M), exact in float.
+    const float sub = float(man) * (1.0f / float(1u << (kBias - 1 + M)));
+    uint32_t sub_bits;
+    std::memcpy(&sub_bits, &sub, 4);
+    bits = exp == 0 ? sub_bits : bits;
+    if constexpr (kFn) {
+      bits = mag == 0x7f ? 0x7fc00000u : bits;
+    } else {
+      bits = exp == (1u << E) - 1 ? (0x7f800000u | (man << (23 - M))) : bits;
+    }
+    bits |= sign;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+};
+using E4M3 = Fp8<4, 3, true>;
+using E5M2 = Fp8<5, 2, false>;
+
+template <typename F>
+void Fp8ToFloatLoop(const uint8_t* __restrict src, float* __restrict dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = F::ToFloat(src[i]);
+}
+template <typename F>
+void FloatToFp8Loop(const float* __restrict src, uint8_t* __restrict dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = F::FromFloat(src[i]);
+}
+
+#ifdef KVSERVE_HAVE_AVX2_REGION
+KVSERVE_BEGIN_AVX2
+// The same arithmetic as Fp8::FromFloat / ToFloat, 8 values per step, selects as blends (the
+// plain loops do not vectorise: the compiler keeps their selects as branches). Also what the
+// AVX-512 tier runs: the loops are bound by the 8-byte loads and stores, not the lane count.
+template <typename F>
+size_t FloatToFp8Avx2(const float* src, uint8_t* dst, size_t n) {
+  constexpr int M = F::kManBits;
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), one = _mm256_set1_epi32(1);
+  const __m256i round = _mm256_set1_epi32((1 << (22 - M)) - 1), rebias = _mm256_set1_epi32(int(F::kRebias));
+  const __m256i magic = _mm256_set1_epi32(int(F::kMagicBits)), min_normal = _mm256_set1_epi32(int(F::kMinNormalBits));
+  const __m256i max_code = _mm256_set1_epi32(int(F::kMaxCode)), inf_code = _mm256_set1_epi32(int(F::kInfCode));
+  const __m256i nan_code = _mm256_set1_epi32(int(F::kNanCode)), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i max_finite = _mm256_set1_epi32(0x7f7fffff), sign_bit = _mm256_set1_epi32(0x80);
+  // Byte 0 of each 32-bit lane into the first 4 bytes of its 128-bit half, then both halves' first
+  // dwords together.
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i x = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), sign_bit);
+    x = _mm256_and_si256(x, abs_mask);
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(x, round), _mm256_and_si256(_mm256_srli_epi32(x, 23 - M), one));
+    const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(r, 23 - M), rebias);
+    const __m256 t = _mm256_add_ps(_mm256_castsi256_ps(x), _mm256_castsi256_ps(magic));
+    const __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(t), magic);
+    __m256i code = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(min_normal, x));
+    const __m256i over = _mm256_or_si256(_mm256_cmpgt_epi32(code, max_code), _mm256_cmpgt_epi32(x, max_finite));
+    code = _mm256_blendv_epi8(code, max_code, over);
+    code = _mm256_blendv_epi8(code, inf_code, _mm256_cmpeq_epi32(x, inf));
+    code = _mm256_blendv_epi8(code, nan_code, _mm256_cmpgt_epi32(x, inf));
+    code = _mm256_or_si256(code, sign);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(code, pick), join);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(bytes));
+  }
+  return i;
+}
+
+template <typename F>
+size_t Fp8ToFloatAvx2(const uint8_t* src, float* dst, size_t n) {
+  constexpr int M = F::kManBits, E = F::kExpBits;
+  const __m256i sign_bit = _mm256_set1_epi32(0x80), mag_mask = _mm256_set1_epi32(0x7f);
+  const __m256i man_mask = _mm256_set1_epi32((1 << M) - 1), zero = _mm256_setzero_si256();
+  const __m256i rebias = _mm256_set1_epi32(int(uint32_t(127 - F::kBias) << 23));
+  const __m256 sub_scale = _mm256_set1_ps(1.0f / float(1u << (F::kBias - 1 + M)));
+  const __m256i top_exp = _mm256_set1_epi32((1 << E) - 1), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i nan = _mm256_set1_epi32(0x7fc00000);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, sign_bit), 24);
+    const __m256i mag = _mm256_and_si256(b, mag_mask);
+    const __m256i exp = _mm256_srli_epi32(mag, M), man = _mm256_and_si256(mag, man_mask);
+    __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(mag, 23 - M), rebias);
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(man), sub_scale);
+    bits = _mm256_blendv_epi8(bits, _mm256_castps_si256(sub), _mm256_cmpeq_epi32(exp, zero));
+    if constexpr (F::kFnFormat) {
+      bits = _mm256_blendv_epi8(bits, nan, _mm256_cmpeq_epi32(mag, mag_mask));
+    } else {
+      const __m256i special = _mm256_or_si256(inf, _mm256_slli_epi32(man, 23 - M));
+      bits = _mm256_blendv_epi8(bits, special, _mm256_cmpeq_epi32(exp, top_exp));
+    }
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_or_si256(bits, sign)));
+  }
+  return i;
+}
+KVSERVE_END_TIER
+#endif
+
+void Fp8ToFloatFast(DType dtype, const uint8_t* src, float* dst, size_t n) {
+  const bool e4 = dtype == DType::kE4M3;
+  size_t i = 0;
+#ifdef KVSERVE_HAVE_AVX2_REGION
+  if (cpu::Use(cpu::Tier::kAvx2)) i = e4 ? Fp8ToFloatAvx2<E4M3>(src, dst, n) : Fp8ToFloatAvx2<E5M2>(src, dst, n);
+#endif
+  e4 ? Fp8ToFloatLoop<E4M3>(src + i, dst + i, n - i) : Fp8ToFloatLoop<E5M2>(src + i, dst + i, n - i);
+}
+void FloatToFp8Fast(DType dtype, const float* src, uint8_t* dst, size_t n) {
+  const bool e4 = dtype == DType::kE4M3;
+  size_t i = 0;
+#ifdef KVSERVE_HAVE_AVX2_REGION
+  if (cpu::Use(cpu::Tier::kAvx2)) i = e4 ? FloatToFp8Avx2<E4M3>(src, dst, n) : FloatToFp8Avx2<E5M2>(src, dst, n);
+#endif
+  e4 ? FloatToFp8Loop<E4M3>(src + i, dst + i, n - i) : FloatToFp8Loop<E5M2>(src + i, dst + i, n - i);
+}
+}  // namespace
+
+float E4M3ToFloat(uint8_t b) { return E4M3::ToFloat(b); }
+uint8_t FloatToE4M3(float f) { return E4M3::FromFloat(f); }
+float E5M2ToFloat(uint8_t b) { return E5M2::ToFloat(b); }
+uint8_t FloatToE5M2(float f) { return E5M2::FromFloat(f); }
+
+namespace scalar {
+float Fp8ToFloatReference(DType dtype, uint8_t b) {
+  const bool fn = dtype == DType::kE4M3;
+  const int E = fn ? 4 : 5, M = fn ? 3 : 2, bias = (1 << (E - 1)) - 1;
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  const int exp = (b & 0x7f) >> M, man = b & ((1 << M) - 1);
+  if (fn && (b & 0x7f) == 0x7f) return std::nanf("");
+  if (!fn && exp == (1 << E) - 1) return man == 0 ? sign * INFINITY : std::nanf("");
+  if (exp == 0) return sign * std::ldexp(float(man), 1 - bias - M);
+  return sign * std::ldexp(float((1 << M) + man), exp - bias - M);
+}
+
+uint8_t FloatToFp8Reference(DType dtype, float f) {
+  const bool fn = dtype == DType::kE4M3;
+  const int E = fn ? 4 : 5, M = fn ? 3 : 2, bias = (1 << (E - 1)) - 1;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const uint8_t max_code = fn ? 0x7e : uint8_t(((1 << E) - 2) << M | ((1 << M) - 1));
+  if (std::isnan(f)) return sign | (fn ? 0x7f : uint8_t(((1 << E) - 1) << M | (1 << (M - 1))));
+  const float a = std::fabs(f);
+  if (std::isinf(a)) return sign | (fn ? max_code : uint8_t(((1 << E) - 1) << M));
+  if (a < std::ldexp(1.0f, 1 - bias)) {  // subnormal: multiples of 2^(1 - bias - M)
+    return sign | uint8_t(std::nearbyint(std::ldexp(a, bias - 1 + M)));
+  }
+  int e;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const int unbiased = e - 1;
+  long q = std::lrint(std::ldexp(a, M - unbiased));  // in [2^M, 2^(M+1)], ties to even
+  int ex = unbiased + bias;
+  if (q == (1L << (M + 1))) {
+    q >>= 1;
+    ++ex;
+  }
+  const int code = (ex << M) | int(q - (1L << M));
+  return sign | uint8_t(code > max_code ? max_code : code);
+}
+}  // namespace scalar
+
 void ConvertToF32(DType src_dtype, const void* src, float* dst, size_t n) {
   switch (src_dtype) {
     case DType::kF32: std::memcpy(dst, src, n * 4); return;
@@ -151,6 +373,8 @@ void ConvertToF32(DType src_dtype, const void* src, float* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) d[i] = uint32_t{s[i]} << 16;
       return;
     }
+    case DType::kE4M3:
+    case DType::kE5M2: Fp8ToFloatFast(src_dtype, static_cast<const uint8_t*>(src), dst, n); return;
   }
 }
 
@@ -163,6 +387,8 @@ void ConvertFromF32(DType dst_dtype, const float* src, void* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) d[i] = FloatToBFloat16(src[i]);
       return;
     }
+    case DType::kE4M3:
+    case DType::kE5M2: FloatToFp8Fast(dst_dtype, src, static_cast<uint8_t*>(dst), n); return;
   }
 }
 

@@ -104,6 +104,8 @@ float KvBlock::Get(uint32_t layer, KvPart part, uint32_t head, uint32_t token, u
     case DType::kF32: { float f; std::memcpy(&f, s + 4 * i, 4); return f; }
     case DType::kF16: { uint16_t h; std::memcpy(&h, s + 2 * i, 2); return HalfToFloat(h); }
     case DType::kBF16: { uint16_t h; std::memcpy(&h, s + 2 * i, 2); return BFloat16ToFloat(h); }
+    case DType::kE4M3: return E4M3ToFloat(s[i]);
+    case DType::kE5M2: return E5M2ToFloat(s[i]);
   }
   return 0;
 }

@@ -92,6 +92,25 @@ TEST_P(StageConformance, RoundTripsToTheInputShape) {
   EXPECT_EQ(std::memcmp(again.data(), out.data(), out.bytes()), 0);
 }
 
+// Every storage type a KV block can have (FP8 included) goes in and comes back in that type.
+TEST_P(StageConformance, TakesEveryStorageType) {
+  const StageInfo& info = Info(GetParam());
+  std::string spec, prefix;
+  Strategy(info, &spec, &prefix);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kE4M3, DType::kE5M2}) {
+    SCOPED_TRACE(DTypeName(dt));
+    const KvBlock in = in_.ConvertTo(dt).value();
+    Result<ByteBuffer> frame = EncodeKv(in, spec, {}, env_);
+    ASSERT_TRUE(frame.ok()) << spec << ": " << frame.status().ToString();
+    KvBlock out;
+    ASSERT_TRUE(DecodeKv(frame.value(), &out, {}, env_).ok()) << spec;
+    EXPECT_EQ(out.dtype(), dt);
+    EXPECT_EQ(out.shape().head_dim, in.shape().head_dim);
+    const KvCompareResult c = CompareKv(KeptTokens(in, out), out).value();
+    EXPECT_GT(std::min(c.k.cosine, c.v.cosine), 0.85) << spec;
+  }
+}
+
 TEST_P(StageConformance, StaysWithinItsErrorBound) {
   const StageInfo& info = Info(GetParam());
   std::string spec, prefix;

@@ -87,10 +87,93 @@ TEST_P(DTypeTiers, StreamingConversionEqualsPlain) {
   EXPECT_EQ(std::memcmp(a.data(), b.data() + 2, src.size() * 2), 0);
 }
 
+// FP8: every code through the tier's loop equals the arithmetic reference, and every non-NaN code
+// comes back from float unchanged.
+TEST_P(DTypeTiers, Fp8EveryCodeMatchesTheReference) {
+  for (DType dt : {DType::kE4M3, DType::kE5M2}) {
+    SCOPED_TRACE(DTypeName(dt));
+    std::vector<uint8_t> codes(256), back(256);
+    for (int i = 0; i < 256; ++i) codes[i] = uint8_t(i);
+    std::vector<float> f(256);
+    ConvertToF32(dt, codes.data(), f.data(), 256);
+    int nans = 0;
+    for (int i = 0; i < 256; ++i) {
+      const float ref = scalar::Fp8ToFloatReference(dt, uint8_t(i));
+      if (std::isnan(ref)) {
+        EXPECT_TRUE(std::isnan(f[i])) << i;
+        ++nans;
+        continue;
+      }
+      EXPECT_EQ(f[i], ref) << "code " << i;
+      EXPECT_EQ(std::signbit(f[i]), bool(i & 0x80)) << "code " << i;  // -0 included
+    }
+    EXPECT_EQ(nans, dt == DType::kE4M3 ? 2 : 6);
+    ConvertFromF32(dt, f.data(), back.data(), 256);
+    for (int i = 0; i < 256; ++i) {
+      if (std::isnan(f[i])) {
+        EXPECT_TRUE(std::isnan(scalar::Fp8ToFloatReference(dt, back[i]))) << i;
+      } else {
+        EXPECT_EQ(back[i], i) << "code " << i << " (" << f[i] << ")";
+      }
+    }
+  }
+}
+
+// Float to FP8 on values that probe the rounding: every code's neighbourhood (halfway points,
+// one float ulp either side), the subnormal range, values past the largest, infinities, NaN, and
+// random floats of every magnitude.
+TEST_P(DTypeTiers, FloatToFp8MatchesTheReference) {
+  std::vector<float> probe = {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""), 1e30f, -1e30f, 1e-30f, 448.0f, 464.0f,
+                              479.0f, 480.0f, 500.0f, 57344.0f, 61439.0f, 61440.0f, 65536.0f};
+  for (DType dt : {DType::kE4M3, DType::kE5M2}) {
+    for (int c = 0; c < 255; ++c) {
+      const float a = scalar::Fp8ToFloatReference(dt, uint8_t(c)), b = scalar::Fp8ToFloatReference(dt, uint8_t(c + 1));
+      if (std::isnan(a) || std::isnan(b) || std::isinf(a) || std::isinf(b) || (c & 0x7f) == 0x7f) continue;
+      const float mid = (a + b) / 2;
+      probe.insert(probe.end(), {a, mid, std::nextafter(mid, a), std::nextafter(mid, b)});
+    }
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 20000; ++i) {
+    uint32_t bits = rng();
+    float f;
+    std::memcpy(&f, &bits, 4);
+    probe.push_back(f);
+    probe.push_back(std::ldexp(float(rng() % 100000) / 1000.0f, int(rng() % 40) - 30));
+  }
+  for (DType dt : {DType::kE4M3, DType::kE5M2}) {
+    SCOPED_TRACE(DTypeName(dt));
+    std::vector<uint8_t> got(probe.size());
+    ConvertFromF32(dt, probe.data(), got.data(), probe.size());
+    int wrong = 0;
+    for (size_t i = 0; i < probe.size() && wrong < 10; ++i) {
+      const uint8_t ref = scalar::FloatToFp8Reference(dt, probe[i]);
+      if (got[i] != ref) {
+        ++wrong;
+        ADD_FAILURE() << probe[i] << ": got 0x" << std::hex << int(got[i]) << ", reference 0x" << int(ref);
+      }
+    }
+  }
+  // Known values: saturation, infinities, the smallest subnormal, ties to even.
+  EXPECT_EQ(FloatToE4M3(1000.0f), 0x7e);
+  EXPECT_EQ(FloatToE4M3(-INFINITY), 0xfe);
+  EXPECT_EQ(FloatToE4M3(std::ldexp(1.0f, -9)), 0x01);
+  EXPECT_EQ(FloatToE4M3(1.0625f), 0x38);  // halfway between 1 and 1.125: to even (1)
+  EXPECT_EQ(E4M3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(FloatToE5M2(1e6f), 0x7b);
+  EXPECT_EQ(FloatToE5M2(INFINITY), 0x7c);
+  EXPECT_EQ(E5M2ToFloat(0x7b), 57344.0f);
+  EXPECT_EQ(FloatToE5M2(std::ldexp(1.0f, -16)), 0x01);
+}
+
 TEST(DType, ParseNames) {
   EXPECT_EQ(ParseDType("f16").value(), DType::kF16);
   EXPECT_EQ(ParseDType("bf16").value(), DType::kBF16);
   EXPECT_EQ(ParseDType("f32").value(), DType::kF32);
+  EXPECT_EQ(ParseDType("e4m3").value(), DType::kE4M3);
+  EXPECT_EQ(ParseDType("float8_e4m3fn").value(), DType::kE4M3);
+  EXPECT_EQ(ParseDType("fp8_e5m2").value(), DType::kE5M2);
+  EXPECT_EQ(DTypeSize(DType::kE5M2), 1u);
   auto bad = ParseDType("f8");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'f8'"), std::string::npos);

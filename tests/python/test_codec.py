@@ -10,7 +10,7 @@ import kvserve
 from conftest import kv_array, run_cli
 
 SPECS = ["none", "quant(kbits=4,vbits=4)", "quant(kbits=2,vbits=2,group=32,residual=8)|zstd(level=3)",
-         "mixhq|rans", "cast(dtype=bf16)"]
+         "mixhq|rans", "cast(dtype=bf16)", "fp8|rans", "fpsplit|rans"]
 
 
 def test_strategy_text_round_trips():
@@ -88,6 +88,21 @@ def test_bf16_and_fp32_arrays():
     fb = kvserve.encode(bf, "none", dtype="bf16")
     assert kvserve.frame_info(fb)["dtype"] == "bf16"
     np.testing.assert_array_equal(kvserve.decode(fb), bf)
+
+
+def test_fp8_arrays_round_trip_losslessly():
+    # An FP8 cache (vLLM --kv-cache-dtype fp8) as uint8 with the format named: stored as is, and
+    # the lossless float coder gives the same bytes back.
+    codes = (kv_array(dtype=np.float32) * 8).astype(np.float16).view(np.uint16)
+    e4m3 = (codes >> 8).astype(np.uint8)  # some byte pattern per value: every code is valid
+    for spec in ["none", "fpsplit(dtype=e4m3)|rans"]:
+        f = kvserve.encode(e4m3, spec, dtype="e4m3")
+        assert kvserve.frame_info(f)["dtype"] == "e4m3"
+        back = kvserve.decode(f)
+        assert back.dtype == np.uint8
+        np.testing.assert_array_equal(back, e4m3)
+    with pytest.raises(kvserve.Error, match="does not hold e5m2"):
+        kvserve.encode(codes, "none", dtype="e5m2")
 
 
 def test_layer_frames_assemble_into_the_cache():

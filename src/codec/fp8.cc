@@ -1,0 +1,194 @@
+// fp8(format=e4m3|e5m2, scale=head|token): scaled 8-bit float quantisation, the lossy format
+// serving engines already keep KV in (vLLM `--kv-cache-dtype fp8`, SGLang, TensorRT-LLM; Mooncake
+// Store's codec). Each value is divided by its group's scale — one per (layer, K/V, head), or one
+// per token row of a head — and converted to the FP8 format, rounding to nearest even and
+// saturating; the scale is the group's largest magnitude over the format's largest value, stored
+// as fp16 rounded up so that nothing saturates. The codes are 8-bit symbols (rans codes them per
+// channel, zstd takes them as bytes) and the scales fp16 metadata.
+//
+// Unlike min-max integer quantisation, the error is relative: a value keeps about 3 (E4M3) or 2
+// (E5M2) significant bits whatever its size, which is what attention's outlier channels need.
+//
+// Payload: u8 version 1 | u8 dtype of the codes (e4m3, e5m2) | u8 scale mode (0 head, 1 token)
+//          | 5 zero bytes | per slab in [layer][K|V][head] order: scales (fp16; 1 or n_token)
+//          | codes (slab_numel, zero padded to a multiple of 8).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "codec/stage.h"
+
+namespace kvserve {
+namespace {
+
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeader = 8;
+
+uint64_t Padded8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
+
+// The largest of n floats' magnitudes, as bits (NaNs count as 0). Masks and an unsigned max: a
+// loop the compiler vectorises, which a float max reduction is not without fast-math.
+uint32_t MaxMagnitudeBits(const uint32_t* __restrict bits, size_t n) {
+  uint32_t a = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t b = bits[i] & 0x7fffffffu;
+    a = std::max(a, b & (0u - uint32_t(b <= 0x7f800000u)));  // a mask, not a select: GCC then vectorises
+  }
+  return a;
+}
+
+class Fp8Stage final : public Stage {
+ public:
+  Fp8Stage(DType format, bool per_token)
+      : format_(format), per_token_(per_token), max_(format == DType::kE4M3 ? 448.0f : 57344.0f) {}
+
+  uint64_t Scales(const KvShape& shape) const { return per_token_ ? shape.n_token : 1; }
+  uint64_t SlabBytes(const KvShape& shape) const { return Scales(shape) * 2 + Padded8(shape.slab_numel()); }
+
+  Status Encode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
+    const KvBlock& t = *in.tensor;
+    const KvShape& shape = t.shape();
+    const uint64_t n = shape.slab_numel(), slab_bytes = SlabBytes(shape), m = Scales(shape);
+    const uint32_t D = shape.head_dim;
+    const size_t start = out.bytes->size();
+    out.bytes->resize(start + kHeader + shape.n_slab() * slab_bytes);
+    uint8_t* hdr = out.bytes->data() + start;
+    std::memset(hdr, 0, kHeader);
+    hdr[0] = kVersion;
+    hdr[1] = static_cast<uint8_t>(format_);
+    hdr[2] = per_token_ ? 1 : 0;
+    uint8_t* body = hdr + kHeader;
+    std::vector<uint64_t> bad(shape.n_slab(), UINT64_MAX);
+    ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t s) {
+      thread_local std::vector<float> x, amax, inv;
+      x.resize(n);
+      amax.resize(m);
+      inv.resize(m);
+      ConvertToF32(t.dtype(), t.slab_at(s), x.data(), n);
+      uint8_t* dst = body + s * slab_bytes;
+      // Largest magnitude per group, as the largest of the magnitudes' bits (which order like the
+      // values and vectorise as an integer max); a NaN is skipped: it stays NaN in the codes.
+      const uint64_t per_group = n / m;
+      for (uint64_t g = 0; g < m; ++g) {
+        const uint32_t a = MaxMagnitudeBits(reinterpret_cast<const uint32_t*>(x.data() + g * per_group), per_group);
+        std::memcpy(&amax[g], &a, 4);
+      }
+      for (uint64_t g = 0; g < m; ++g) {
+        const float want = amax[g] / max_;
+        uint16_t h = FloatToHalf(want);
+        if (HalfToFloat(h) < want) ++h;  // round up: the largest value must not saturate
+        const float scale = HalfToFloat(h);
+        if (!std::isfinite(scale)) {
+          if (bad[s] == UINT64_MAX) bad[s] = g;
+          h = 0x7bff;
+        }
+        std::memcpy(dst + g * 2, &h, 2);
+        inv[g] = scale > 0 && std::isfinite(scale) ? 1.0f / scale : 0.0f;
+      }
+      if (per_token_) {
+        for (uint64_t r = 0; r < m; ++r) {
+          float* row = x.data() + r * D;
+          const float f = inv[r];
+          for (uint32_t d = 0; d < D; ++d) row[d] *= f;
+        }
+      } else {
+        const float f = inv[0];
+        for (uint64_t i = 0; i < n; ++i) x[i] *= f;
+      }
+      uint8_t* codes = dst + m * 2;
+      ConvertFromF32(format_, x.data(), codes, n);
+      std::memset(codes + n, 0, Padded8(n) - n);
+    });
+    for (uint64_t s = 0; s < shape.n_slab(); ++s) {
+      if (bad[s] != UINT64_MAX) {
+        const uint64_t h = shape.n_head_kv;
+        return Status::InvalidArgument("fp8: a value range of layer " + std::to_string(s / (2 * h)) +
+                                       ((s / h) % 2 ? " V" : " K") + " head " + std::to_string(s % h) +
+                                       " is beyond what an fp16 scale holds (largest magnitude above " +
+                                       std::to_string(65504.0 * max_) + ")");
+      }
+    }
+    return Status::Ok();
+  }
+
+  std::vector<CodeSection> CodeSections(const KvShape& shape) const override {
+    std::vector<CodeSection> out;
+    const uint64_t n8 = Padded8(shape.slab_numel()), m = Scales(shape);
+    if (n8 == 0) return out;
+    for (uint64_t s = 0; s < shape.n_slab(); ++s) {
+      const uint32_t ctx = uint32_t(s / shape.n_head_kv);  // layer * 2 + part
+      const uint64_t off = kHeader + s * SlabBytes(shape);
+      out.push_back({off, uint32_t(m), 16, 1, ctx, CodeSection::Kind::kHalf});
+      out.push_back({off + m * 2, uint32_t(n8), 8, shape.head_dim, ctx});
+    }
+    return out;
+  }
+
+  Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
+    KvBlock& t = *out.tensor;
+    const KvShape& shape = t.shape();
+    const uint64_t n = shape.slab_numel(), slab_bytes = SlabBytes(shape), m = Scales(shape);
+    const uint64_t want = kHeader + shape.n_slab() * slab_bytes;
+    if (in.bytes.size() != want) {
+      return Status::Corrupt("fp8 payload is " + std::to_string(in.bytes.size()) + " bytes, shape " +
+                             shape.ToString() + " needs " + std::to_string(want));
+    }
+    if (in.bytes[0] != kVersion || in.bytes[1] != static_cast<uint8_t>(format_) || in.bytes[2] != (per_token_ ? 1 : 0)) {
+      return Status::Corrupt("fp8 payload header (version " + std::to_string(in.bytes[0]) + ", format " +
+                             std::to_string(in.bytes[1]) + ", scale mode " + std::to_string(in.bytes[2]) +
+                             ") does not match its spec");
+    }
+    const uint32_t D = shape.head_dim;
+    const uint8_t* body = in.bytes.data() + kHeader;
+    ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t s) {
+      thread_local std::vector<float> x;
+      x.resize(n);
+      const uint8_t* src = body + s * slab_bytes;
+      ConvertToF32(format_, src + m * 2, x.data(), n);
+      if (per_token_) {
+        for (uint64_t r = 0; r < m; ++r) {
+          uint16_t h;
+          std::memcpy(&h, src + r * 2, 2);
+          const float f = HalfToFloat(h);
+          float* row = x.data() + r * D;
+          for (uint32_t d = 0; d < D; ++d) row[d] *= f;
+        }
+      } else {
+        uint16_t h;
+        std::memcpy(&h, src, 2);
+        const float f = HalfToFloat(h);
+        for (uint64_t i = 0; i < n; ++i) x[i] *= f;
+      }
+      ConvertFromF32Streaming(t.dtype(), x.data(), t.slab_at(s), n);
+    });
+    return Status::Ok();
+  }
+
+ private:
+  DType format_;
+  bool per_token_;
+  float max_;
+};
+
+Result<std::unique_ptr<Stage>> MakeFp8(const StageSpec& spec, const CodecEnv&) {
+  KV_ASSIGN_OR_RETURN(DType format, ParseDType(spec.Get("format")));
+  return std::unique_ptr<Stage>(new Fp8Stage(format, spec.Get("scale") == "token"));
+}
+
+}  // namespace
+
+StageRegistration Fp8StageRegistration() {
+  StageInfo info;
+  info.name = "fp8";
+  info.summary = "scaled FP8 (E4M3 or E5M2) per head or per token, saturating; codes as 8-bit symbols";
+  info.input = DataKind::kTensor;
+  info.output = DataKind::kSymbols;
+  using T = ParamSpec::Type;
+  info.params = {
+      {"format", T::kEnum, 0, 0, {"e4m3", "e5m2"}, "e4m3", "FP8 format: E4M3 (more precision) or E5M2 (more range)"},
+      {"scale", T::kEnum, 0, 0, {"head", "token"}, "head", "one scale per (layer, K/V, head), or per token row of a head"},
+  };
+  return {info, &MakeFp8};
+}
+
+}  // namespace kvserve
