@@ -166,6 +166,11 @@ float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);       // round to nearest even, overflow to inf, NaN kept
 float BFloat16ToFloat(uint16_t b);
 uint16_t FloatToBFloat16(float f);   // round to nearest even, NaN kept quiet
+// value * mul to FP8 (`fp8` is kE4M3 or kE5M2), and FP8 * mul to `dst_dtype`: what a scaled FP8
+// codec does, with every rounding as ConvertFromF32 / ConvertToF32 would do it on the product;
+// fused in one pass (no float buffer) for f16, the common case.
+void ConvertToFp8Scaled(DType src_dtype, const void* src, float mul, DType fp8, uint8_t* dst, size_t n);
+void ConvertFromFp8Scaled(DType fp8, const uint8_t* src, float mul, DType dst_dtype, void* dst, size_t n);
 float E4M3ToFloat(uint8_t b);
 uint8_t FloatToE4M3(float f);        // round to nearest even, saturating (see DType)
 float E5M2ToFloat(uint8_t b);

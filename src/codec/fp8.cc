@@ -26,15 +26,34 @@ constexpr size_t kHeader = 8;
 
 uint64_t Padded8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
 
-// The largest of n floats' magnitudes, as bits (NaNs count as 0). Masks and an unsigned max: a
-// loop the compiler vectorises, which a float max reduction is not without fast-math.
-uint32_t MaxMagnitudeBits(const uint32_t* __restrict bits, size_t n) {
+// The largest magnitude of n values of a storage type (NaNs skipped). For f16 and f32 on the
+// bits: masked magnitudes and an unsigned max, which order like the values and vectorise (a float
+// max reduction does not without fast-math); a mask, not a select, for the same reason.
+float MaxMagnitude(DType dtype, const uint8_t* data, size_t n) {
+  if (dtype == DType::kF16) {
+    const uint16_t* __restrict h = reinterpret_cast<const uint16_t*>(data);
+    uint16_t a = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t b = h[i] & 0x7fff;
+      a = std::max(a, uint16_t(b & (0u - uint16_t(b <= 0x7c00))));
+    }
+    return HalfToFloat(a);
+  }
+  thread_local std::vector<float> buf;
+  const uint32_t* __restrict bits = reinterpret_cast<const uint32_t*>(data);
+  if (dtype != DType::kF32) {
+    buf.resize(n);
+    ConvertToF32(dtype, data, buf.data(), n);
+    bits = reinterpret_cast<const uint32_t*>(buf.data());
+  }
   uint32_t a = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t b = bits[i] & 0x7fffffffu;
-    a = std::max(a, b & (0u - uint32_t(b <= 0x7f800000u)));  // a mask, not a select: GCC then vectorises
+    a = std::max(a, b & (0u - uint32_t(b <= 0x7f800000u)));
   }
-  return a;
+  float f;
+  std::memcpy(&f, &a, 4);
+  return f;
 }
 
 class Fp8Stage final : public Stage {
@@ -49,7 +68,6 @@ class Fp8Stage final : public Stage {
     const KvBlock& t = *in.tensor;
     const KvShape& shape = t.shape();
     const uint64_t n = shape.slab_numel(), slab_bytes = SlabBytes(shape), m = Scales(shape);
-    const uint32_t D = shape.head_dim;
     const size_t start = out.bytes->size();
     out.bytes->resize(start + kHeader + shape.n_slab() * slab_bytes);
     uint8_t* hdr = out.bytes->data() + start;
@@ -59,44 +77,26 @@ class Fp8Stage final : public Stage {
     hdr[2] = per_token_ ? 1 : 0;
     uint8_t* body = hdr + kHeader;
     std::vector<uint64_t> bad(shape.n_slab(), UINT64_MAX);
+    const size_t es = DTypeSize(t.dtype());
+    const uint64_t per_group = m ? n / m : 0;
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t s) {
-      thread_local std::vector<float> x, amax, inv;
-      x.resize(n);
-      amax.resize(m);
-      inv.resize(m);
-      ConvertToF32(t.dtype(), t.slab_at(s), x.data(), n);
       uint8_t* dst = body + s * slab_bytes;
-      // Largest magnitude per group, as the largest of the magnitudes' bits (which order like the
-      // values and vectorise as an integer max); a NaN is skipped: it stays NaN in the codes.
-      const uint64_t per_group = n / m;
+      uint8_t* codes = dst + m * 2;
+      const uint8_t* src = t.slab_at(s);
       for (uint64_t g = 0; g < m; ++g) {
-        const uint32_t a = MaxMagnitudeBits(reinterpret_cast<const uint32_t*>(x.data() + g * per_group), per_group);
-        std::memcpy(&amax[g], &a, 4);
-      }
-      for (uint64_t g = 0; g < m; ++g) {
-        const float want = amax[g] / max_;
+        const uint8_t* group = src + g * per_group * es;
+        const float want = MaxMagnitude(t.dtype(), group, per_group) / max_;
         uint16_t h = FloatToHalf(want);
         if (HalfToFloat(h) < want) ++h;  // round up: the largest value must not saturate
-        const float scale = HalfToFloat(h);
+        float scale = HalfToFloat(h);
         if (!std::isfinite(scale)) {
           if (bad[s] == UINT64_MAX) bad[s] = g;
           h = 0x7bff;
+          scale = 0;
         }
         std::memcpy(dst + g * 2, &h, 2);
-        inv[g] = scale > 0 && std::isfinite(scale) ? 1.0f / scale : 0.0f;
+        ConvertToFp8Scaled(t.dtype(), group, scale > 0 ? 1.0f / scale : 0.0f, format_, codes + g * per_group, per_group);
       }
-      if (per_token_) {
-        for (uint64_t r = 0; r < m; ++r) {
-          float* row = x.data() + r * D;
-          const float f = inv[r];
-          for (uint32_t d = 0; d < D; ++d) row[d] *= f;
-        }
-      } else {
-        const float f = inv[0];
-        for (uint64_t i = 0; i < n; ++i) x[i] *= f;
-      }
-      uint8_t* codes = dst + m * 2;
-      ConvertFromF32(format_, x.data(), codes, n);
       std::memset(codes + n, 0, Padded8(n) - n);
     });
     for (uint64_t s = 0; s < shape.n_slab(); ++s) {
@@ -138,28 +138,18 @@ class Fp8Stage final : public Stage {
                              std::to_string(in.bytes[1]) + ", scale mode " + std::to_string(in.bytes[2]) +
                              ") does not match its spec");
     }
-    const uint32_t D = shape.head_dim;
     const uint8_t* body = in.bytes.data() + kHeader;
+    const size_t es = DTypeSize(t.dtype());
+    const uint64_t per_group = m ? n / m : 0;
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t s) {
-      thread_local std::vector<float> x;
-      x.resize(n);
       const uint8_t* src = body + s * slab_bytes;
-      ConvertToF32(format_, src + m * 2, x.data(), n);
-      if (per_token_) {
-        for (uint64_t r = 0; r < m; ++r) {
-          uint16_t h;
-          std::memcpy(&h, src + r * 2, 2);
-          const float f = HalfToFloat(h);
-          float* row = x.data() + r * D;
-          for (uint32_t d = 0; d < D; ++d) row[d] *= f;
-        }
-      } else {
+      uint8_t* dst = t.slab_at(s);
+      for (uint64_t g = 0; g < m; ++g) {
         uint16_t h;
-        std::memcpy(&h, src, 2);
-        const float f = HalfToFloat(h);
-        for (uint64_t i = 0; i < n; ++i) x[i] *= f;
+        std::memcpy(&h, src + g * 2, 2);
+        ConvertFromFp8Scaled(format_, src + m * 2 + g * per_group, HalfToFloat(h), t.dtype(), dst + g * per_group * es,
+                             per_group);
       }
-      ConvertFromF32Streaming(t.dtype(), x.data(), t.slab_at(s), n);
     });
     return Status::Ok();
   }

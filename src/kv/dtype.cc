@@ -1,9 +1,10 @@
 // Storage dtype conversions (f32 <-> f16/bf16/e4m3/e5m2). The F16C loops run when the CPU has them
 // (runtime dispatch, kvserve/cpu.h); the FP8 conversions are branch-free bit arithmetic, 8 values
-// a step with AVX2 (also on the AVX-512 tier); the scalar functions are the reference they are
-// tested against.
+// a step with AVX2 and 16 with AVX-512; the scalar functions are the reference they are tested
+// against.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kvserve/cpu.h"
 #include "kvserve/kv.h"
@@ -235,25 +236,25 @@ void FloatToFp8Loop(const float* __restrict src, uint8_t* __restrict dst, size_t
 #ifdef KVSERVE_HAVE_AVX2_REGION
 KVSERVE_BEGIN_AVX2
 // The same arithmetic as Fp8::FromFloat / ToFloat, 8 values per step, selects as blends (the
-// plain loops do not vectorise: the compiler keeps their selects as branches). Also what the
-// AVX-512 tier runs: the loops are bound by the 8-byte loads and stores, not the lane count.
+// plain loops do not vectorise: the compiler keeps their selects as branches).
 template <typename F>
-size_t FloatToFp8Avx2(const float* src, uint8_t* dst, size_t n) {
-  constexpr int M = F::kManBits;
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), one = _mm256_set1_epi32(1);
-  const __m256i round = _mm256_set1_epi32((1 << (22 - M)) - 1), rebias = _mm256_set1_epi32(int(F::kRebias));
-  const __m256i magic = _mm256_set1_epi32(int(F::kMagicBits)), min_normal = _mm256_set1_epi32(int(F::kMinNormalBits));
-  const __m256i max_code = _mm256_set1_epi32(int(F::kMaxCode)), inf_code = _mm256_set1_epi32(int(F::kInfCode));
-  const __m256i nan_code = _mm256_set1_epi32(int(F::kNanCode)), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i max_finite = _mm256_set1_epi32(0x7f7fffff), sign_bit = _mm256_set1_epi32(0x80);
-  // Byte 0 of each 32-bit lane into the first 4 bytes of its 128-bit half, then both halves' first
-  // dwords together.
-  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
-                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256i x = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+struct Fp8Avx2 {
+  static constexpr int M = F::kManBits, E = F::kExpBits;
+
+  // 8 floats to 8 codes, in the low 8 bytes.
+  static inline __m128i Encode(__m256 v) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), one = _mm256_set1_epi32(1);
+    const __m256i round = _mm256_set1_epi32((1 << (22 - M)) - 1), rebias = _mm256_set1_epi32(int(F::kRebias));
+    const __m256i magic = _mm256_set1_epi32(int(F::kMagicBits)), min_normal = _mm256_set1_epi32(int(F::kMinNormalBits));
+    const __m256i max_code = _mm256_set1_epi32(int(F::kMaxCode)), inf_code = _mm256_set1_epi32(int(F::kInfCode));
+    const __m256i nan_code = _mm256_set1_epi32(int(F::kNanCode)), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i max_finite = _mm256_set1_epi32(0x7f7fffff), sign_bit = _mm256_set1_epi32(0x80);
+    // Byte 0 of each 32-bit lane into the first 4 bytes of its 128-bit half, then both halves'
+    // first dwords together.
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+    __m256i x = _mm256_castps_si256(v);
     const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), sign_bit);
     x = _mm256_and_si256(x, abs_mask);
     const __m256i r = _mm256_add_epi32(_mm256_add_epi32(x, round), _mm256_and_si256(_mm256_srli_epi32(x, 23 - M), one));
@@ -266,24 +267,18 @@ size_t FloatToFp8Avx2(const float* src, uint8_t* dst, size_t n) {
     code = _mm256_blendv_epi8(code, inf_code, _mm256_cmpeq_epi32(x, inf));
     code = _mm256_blendv_epi8(code, nan_code, _mm256_cmpgt_epi32(x, inf));
     code = _mm256_or_si256(code, sign);
-    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(code, pick), join);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(bytes));
+    return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(code, pick), join));
   }
-  return i;
-}
 
-template <typename F>
-size_t Fp8ToFloatAvx2(const uint8_t* src, float* dst, size_t n) {
-  constexpr int M = F::kManBits, E = F::kExpBits;
-  const __m256i sign_bit = _mm256_set1_epi32(0x80), mag_mask = _mm256_set1_epi32(0x7f);
-  const __m256i man_mask = _mm256_set1_epi32((1 << M) - 1), zero = _mm256_setzero_si256();
-  const __m256i rebias = _mm256_set1_epi32(int(uint32_t(127 - F::kBias) << 23));
-  const __m256 sub_scale = _mm256_set1_ps(1.0f / float(1u << (F::kBias - 1 + M)));
-  const __m256i top_exp = _mm256_set1_epi32((1 << E) - 1), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i nan = _mm256_set1_epi32(0x7fc00000);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
+  // The 8 codes at src to 8 floats.
+  static inline __m256 Decode(const uint8_t* src) {
+    const __m256i sign_bit = _mm256_set1_epi32(0x80), mag_mask = _mm256_set1_epi32(0x7f);
+    const __m256i man_mask = _mm256_set1_epi32((1 << M) - 1), zero = _mm256_setzero_si256();
+    const __m256i rebias = _mm256_set1_epi32(int(uint32_t(127 - F::kBias) << 23));
+    const __m256 sub_scale = _mm256_set1_ps(1.0f / float(1u << (F::kBias - 1 + M)));
+    const __m256i top_exp = _mm256_set1_epi32((1 << E) - 1), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i nan = _mm256_set1_epi32(0x7fc00000);
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
     const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, sign_bit), 24);
     const __m256i mag = _mm256_and_si256(b, mag_mask);
     const __m256i exp = _mm256_srli_epi32(mag, M), man = _mm256_and_si256(mag, man_mask);
@@ -296,30 +291,191 @@ size_t Fp8ToFloatAvx2(const uint8_t* src, float* dst, size_t n) {
       const __m256i special = _mm256_or_si256(inf, _mm256_slli_epi32(man, 23 - M));
       bits = _mm256_blendv_epi8(bits, special, _mm256_cmpeq_epi32(exp, top_exp));
     }
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_or_si256(bits, sign)));
+    return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
   }
-  return i;
-}
+
+  static size_t FromFloat(const float* src, uint8_t* dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i), Encode(_mm256_loadu_ps(src + i)));
+    return i;
+  }
+  static size_t ToFloat(const uint8_t* src, float* dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Decode(src + i));
+    return i;
+  }
+  // Fused with f16 and a scale: the codec's common case, without a float buffer in between.
+  static size_t FromHalfScaled(const uint16_t* src, float mul, uint8_t* dst, size_t n) {
+    const __m256 m = _mm256_set1_ps(mul);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))), m);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i), Encode(v));
+    }
+    return i;
+  }
+  static size_t ToHalfScaled(const uint8_t* src, float mul, uint16_t* dst, size_t n) {
+    const __m256 m = _mm256_set1_ps(mul);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(Decode(src + i), m), _MM_FROUND_TO_NEAREST_INT);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+    }
+    return i;
+  }
+};
 KVSERVE_END_TIER
 #endif
 
-void Fp8ToFloatFast(DType dtype, const uint8_t* src, float* dst, size_t n) {
-  const bool e4 = dtype == DType::kE4M3;
-  size_t i = 0;
-#ifdef KVSERVE_HAVE_AVX2_REGION
-  if (cpu::Use(cpu::Tier::kAvx2)) i = e4 ? Fp8ToFloatAvx2<E4M3>(src, dst, n) : Fp8ToFloatAvx2<E5M2>(src, dst, n);
+#ifdef KVSERVE_HAVE_AVX512_REGION
+KVSERVE_BEGIN_AVX512
+// Fp8Avx2's arithmetic, 16 values per step, with compare masks instead of blends and vpmovdb
+// for the packing.
+template <typename F>
+struct Fp8Avx512 {
+  static constexpr int M = F::kManBits, E = F::kExpBits;
+
+  static inline __m128i Encode(__m512 v) {
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+    const __m512i round = _mm512_set1_epi32((1 << (22 - M)) - 1), rebias = _mm512_set1_epi32(int(F::kRebias));
+    const __m512i magic = _mm512_set1_epi32(int(F::kMagicBits)), min_normal = _mm512_set1_epi32(int(F::kMinNormalBits));
+    const __m512i max_code = _mm512_set1_epi32(int(F::kMaxCode)), inf_code = _mm512_set1_epi32(int(F::kInfCode));
+    const __m512i nan_code = _mm512_set1_epi32(int(F::kNanCode)), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i max_finite = _mm512_set1_epi32(0x7f7fffff), sign_bit = _mm512_set1_epi32(0x80);
+    __m512i x = _mm512_castps_si512(v);
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(x, 24), sign_bit);
+    x = _mm512_and_si512(x, abs_mask);
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(x, round), _mm512_and_si512(_mm512_srli_epi32(x, 23 - M), one));
+    const __m512i normal = _mm512_sub_epi32(_mm512_srli_epi32(r, 23 - M), rebias);
+    const __m512 t = _mm512_add_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(magic));
+    const __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(t), magic);
+    __m512i code = _mm512_mask_mov_epi32(normal, _mm512_cmplt_epu32_mask(x, min_normal), sub);
+    const __mmask16 over = _mm512_cmpgt_epi32_mask(code, max_code) | _mm512_cmpgt_epu32_mask(x, max_finite);
+    code = _mm512_mask_mov_epi32(code, over, max_code);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(x, inf), inf_code);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(x, inf), nan_code);
+    return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
+  }
+
+  static inline __m512 Decode(const uint8_t* src) {
+    const __m512i sign_bit = _mm512_set1_epi32(0x80), mag_mask = _mm512_set1_epi32(0x7f);
+    const __m512i man_mask = _mm512_set1_epi32((1 << M) - 1), zero = _mm512_setzero_si512();
+    const __m512i rebias = _mm512_set1_epi32(int(uint32_t(127 - F::kBias) << 23));
+    const __m512 sub_scale = _mm512_set1_ps(1.0f / float(1u << (F::kBias - 1 + M)));
+    const __m512i top_exp = _mm512_set1_epi32((1 << E) - 1), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i nan = _mm512_set1_epi32(0x7fc00000);
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, sign_bit), 24);
+    const __m512i mag = _mm512_and_si512(b, mag_mask);
+    const __m512i exp = _mm512_srli_epi32(mag, M), man = _mm512_and_si512(mag, man_mask);
+    __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(mag, 23 - M), rebias);
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(man), sub_scale);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(exp, zero), _mm512_castps_si512(sub));
+    if constexpr (F::kFnFormat) {
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(mag, mag_mask), nan);
+    } else {
+      const __m512i special = _mm512_or_si512(inf, _mm512_slli_epi32(man, 23 - M));
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(exp, top_exp), special);
+    }
+    return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+  }
+
+  static size_t FromFloat(const float* src, uint8_t* dst, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), Encode(_mm512_loadu_ps(src + i)));
+    return i;
+  }
+  static size_t ToFloat(const uint8_t* src, float* dst, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, Decode(src + i));
+    return i;
+  }
+  static size_t FromHalfScaled(const uint16_t* src, float mul, uint8_t* dst, size_t n) {
+    const __m512 m = _mm512_set1_ps(mul);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))), m);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), Encode(v));
+    }
+    return i;
+  }
+  static size_t ToHalfScaled(const uint8_t* src, float mul, uint16_t* dst, size_t n) {
+    const __m512 m = _mm512_set1_ps(mul);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(Decode(src + i), m), _MM_FROUND_TO_NEAREST_INT);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+    }
+    return i;
+  }
+};
+KVSERVE_END_TIER
 #endif
-  e4 ? Fp8ToFloatLoop<E4M3>(src + i, dst + i, n - i) : Fp8ToFloatLoop<E5M2>(src + i, dst + i, n - i);
+
+// Runs `simd` (the widest kernels of the format the tier allows, returning how many values they
+// did), and `rest` for what is left.
+template <typename Simd, typename Rest>
+void Fp8Dispatch(DType fp8, Simd simd, Rest rest) {
+  size_t done = 0;
+#ifdef KVSERVE_HAVE_AVX512_REGION
+  if (cpu::Use(cpu::Tier::kAvx512)) {
+    done = fp8 == DType::kE4M3 ? simd(Fp8Avx512<E4M3>{}) : simd(Fp8Avx512<E5M2>{});
+  } else
+#endif
+#ifdef KVSERVE_HAVE_AVX2_REGION
+  if (cpu::Use(cpu::Tier::kAvx2)) {
+    done = fp8 == DType::kE4M3 ? simd(Fp8Avx2<E4M3>{}) : simd(Fp8Avx2<E5M2>{});
+  }
+#endif
+  (void)simd;
+  fp8 == DType::kE4M3 ? rest(E4M3{}, done) : rest(E5M2{}, done);
+}
+
+void Fp8ToFloatFast(DType dtype, const uint8_t* src, float* dst, size_t n) {
+  Fp8Dispatch(
+      dtype, [&](auto k) { return k.ToFloat(src, dst, n); },
+      [&](auto f, size_t i) { Fp8ToFloatLoop<decltype(f)>(src + i, dst + i, n - i); });
 }
 void FloatToFp8Fast(DType dtype, const float* src, uint8_t* dst, size_t n) {
-  const bool e4 = dtype == DType::kE4M3;
-  size_t i = 0;
-#ifdef KVSERVE_HAVE_AVX2_REGION
-  if (cpu::Use(cpu::Tier::kAvx2)) i = e4 ? FloatToFp8Avx2<E4M3>(src, dst, n) : FloatToFp8Avx2<E5M2>(src, dst, n);
-#endif
-  e4 ? FloatToFp8Loop<E4M3>(src + i, dst + i, n - i) : FloatToFp8Loop<E5M2>(src + i, dst + i, n - i);
+  Fp8Dispatch(
+      dtype, [&](auto k) { return k.FromFloat(src, dst, n); },
+      [&](auto f, size_t i) { FloatToFp8Loop<decltype(f)>(src + i, dst + i, n - i); });
 }
 }  // namespace
+
+void ConvertToFp8Scaled(DType src_dtype, const void* src, float mul, DType fp8, uint8_t* dst, size_t n) {
+  if (src_dtype == DType::kF16) {
+    const uint16_t* h = static_cast<const uint16_t*>(src);
+    Fp8Dispatch(
+        fp8, [&](auto k) { return HaveF16cConversions() ? k.FromHalfScaled(h, mul, dst, n) : 0; },
+        [&](auto f, size_t i) {
+          for (; i < n; ++i) dst[i] = decltype(f)::FromFloat(HalfToFloat(h[i]) * mul);
+        });
+    return;
+  }
+  thread_local std::vector<float> buf;
+  buf.resize(n);
+  ConvertToF32(src_dtype, src, buf.data(), n);
+  for (size_t i = 0; i < n; ++i) buf[i] *= mul;
+  ConvertFromF32(fp8, buf.data(), dst, n);
+}
+
+void ConvertFromFp8Scaled(DType fp8, const uint8_t* src, float mul, DType dst_dtype, void* dst, size_t n) {
+  if (dst_dtype == DType::kF16) {
+    uint16_t* h = static_cast<uint16_t*>(dst);
+    Fp8Dispatch(
+        fp8, [&](auto k) { return HaveF16cConversions() ? k.ToHalfScaled(src, mul, h, n) : 0; },
+        [&](auto f, size_t i) {
+          for (; i < n; ++i) h[i] = FloatToHalf(decltype(f)::ToFloat(src[i]) * mul);
+        });
+    return;
+  }
+  thread_local std::vector<float> buf;
+  buf.resize(n);
+  ConvertToF32(fp8, src, buf.data(), n);
+  for (size_t i = 0; i < n; ++i) buf[i] *= mul;
+  ConvertFromF32(dst_dtype, buf.data(), dst, n);
+}
 
 float E4M3ToFloat(uint8_t b) { return E4M3::ToFloat(b); }
 uint8_t FloatToE4M3(float f) { return E4M3::FromFloat(f); }

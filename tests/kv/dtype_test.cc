@@ -166,6 +166,37 @@ TEST_P(DTypeTiers, FloatToFp8MatchesTheReference) {
   EXPECT_EQ(FloatToE5M2(std::ldexp(1.0f, -16)), 0x01);
 }
 
+// The fused scaled conversions (the fp8 stage's kernels) equal the plain conversion of the product:
+// every f16 pattern in, every code out, a few scales.
+TEST_P(DTypeTiers, ScaledFp8ConversionsEqualTheirComposition) {
+  std::vector<uint16_t> halves(65536);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = uint16_t(i);
+  std::vector<float> f(65536);
+  ConvertToF32(DType::kF16, halves.data(), f.data(), f.size());
+  for (DType dt : {DType::kE4M3, DType::kE5M2}) {
+    for (float mul : {1.0f, 0.37f, 1e-3f, 300.0f}) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " x " + std::to_string(mul));
+      std::vector<uint8_t> got(f.size()), want(f.size());
+      ConvertToFp8Scaled(DType::kF16, halves.data(), mul, dt, got.data(), got.size());
+      for (size_t i = 0; i < f.size(); ++i) want[i] = scalar::FloatToFp8Reference(dt, f[i] * mul);
+      EXPECT_EQ(got, want);
+      std::vector<uint8_t> codes(256);
+      for (int i = 0; i < 256; ++i) codes[i] = uint8_t(i);
+      std::vector<uint16_t> back(256);
+      ConvertFromFp8Scaled(dt, codes.data(), mul, DType::kF16, back.data(), 256);
+      for (int i = 0; i < 256; ++i) {
+        const float ref = scalar::Fp8ToFloatReference(dt, uint8_t(i)) * mul;
+        if (std::isnan(ref)) EXPECT_TRUE(std::isnan(HalfToFloat(back[i]))) << i;
+        else EXPECT_EQ(back[i], FloatToHalf(ref)) << "code " << i;
+      }
+      // Other storage types take the buffered path: the same products.
+      std::vector<uint8_t> via_f32(f.size());
+      ConvertToFp8Scaled(DType::kF32, f.data(), mul, dt, via_f32.data(), f.size());
+      EXPECT_EQ(via_f32, want);
+    }
+  }
+}
+
 TEST(DType, ParseNames) {
   EXPECT_EQ(ParseDType("f16").value(), DType::kF16);
   EXPECT_EQ(ParseDType("bf16").value(), DType::kBF16);
