@@ -105,6 +105,10 @@ DType DTypeOfArray(const py::array& a, const std::optional<std::string>& dtype) 
   }
   if (a.dtype().is(py::dtype::of<float>())) return DType::kF32;
   if (a.dtype().kind() == 'f' && a.itemsize() == 2) return DType::kF16;
+  // ml_dtypes' FP8 types name themselves (their numpy kind is 'V').
+  const std::string name = py::str(a.dtype());
+  if (name == "float8_e4m3fn") return DType::kE4M3;
+  if (name == "float8_e5m2") return DType::kE5M2;
   Throw(Status::InvalidArgument("array dtype " + std::string(py::str(a.dtype())) +
                                 " is not float16 or float32 (bf16: a uint16 array with dtype='bf16'; FP8: a uint8 array with "
                                 "dtype='e4m3' or 'e5m2')"));

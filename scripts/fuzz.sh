@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang, AddressSanitizer and UBSan, and runs each for
 # FUZZ_SECONDS (default 60) from the seeds in fuzz/seeds/: frames, strategy specs, profile and
-# space JSON, GGUF model headers, trace and workload CSV, and the serving parsers' JSON (HTTP
-# requests, the router's forwarded body, the decode port's messages). A crash leaves crash-* here and exits non-zero.
+# space JSON, GGUF model headers, trace and workload CSV, the serving parsers' JSON (HTTP
+# requests, the router's forwarded body, the decode port's messages), and raw values for the
+# lossless float coder's exact round trip. A crash leaves crash-* here and exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-60}"
@@ -10,7 +11,7 @@ build=build-fuzz
 cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DKVSERVE_FUZZ=ON -DKVSERVE_BUILD_TESTS=OFF -DKVSERVE_BUILD_BENCH=OFF -DKVSERVE_BUILD_PYTHON=OFF -DKVSERVE_SANITIZE=ON \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" > /dev/null
-targets=(frame spec profile gguf csv serve)
+targets=(frame spec profile gguf csv serve float)
 cmake --build "$build" --target "${targets[@]/%/_fuzz}" -j "$(nproc)"
 for target in "${targets[@]}"; do
   corpus="fuzz/corpus-$target"

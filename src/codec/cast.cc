@@ -1,4 +1,5 @@
-// cast(dtype=f16|bf16): stores the tensor in a 16-bit float type. Lossless from that type.
+// cast(dtype=f16|bf16|e4m3|e5m2): stores the tensor in a 16- or 8-bit float type, unscaled (FP8
+// saturates: `fp8` is the scaled form). Lossless from that type.
 #include <cstring>
 
 #include "codec/stage.h"
@@ -12,39 +13,41 @@ class CastStage final : public Stage {
 
   Status Encode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
     const KvBlock& t = *in.tensor;
+    const size_t es = DTypeSize(dtype_);
     const size_t start = out.bytes->size();
-    out.bytes->resize(start + t.shape().numel() * 2);
+    out.bytes->resize(start + t.shape().numel() * es);
     uint8_t* dst = out.bytes->data() + start;
     const size_t n = t.shape().slab_numel();
     ParallelFor(ctx.pool, t.shape().n_slab(), [&](uint64_t s) {
       if (t.dtype() == dtype_) {
-        std::memcpy(dst + s * n * 2, t.slab_at(s), n * 2);
+        std::memcpy(dst + s * n * es, t.slab_at(s), n * es);
         return;
       }
       thread_local std::vector<float> buf;
       buf.resize(n);
       ConvertToF32(t.dtype(), t.slab_at(s), buf.data(), n);
-      ConvertFromF32(dtype_, buf.data(), dst + s * n * 2, n);
+      ConvertFromF32(dtype_, buf.data(), dst + s * n * es, n);
     });
     return Status::Ok();
   }
 
   Status Decode(const StageInput& in, const StageOutput& out, const StageContext& ctx) const override {
     KvBlock& t = *out.tensor;
+    const size_t es = DTypeSize(dtype_);
     const size_t n = t.shape().slab_numel();
-    if (in.bytes.size() != t.shape().numel() * 2) {
+    if (in.bytes.size() != t.shape().numel() * es) {
       return Status::Corrupt("cast payload is " + std::to_string(in.bytes.size()) + " bytes, expected " +
-                             std::to_string(t.shape().numel() * 2));
+                             std::to_string(t.shape().numel() * es));
     }
     const uint8_t* src = in.bytes.data();
     ParallelFor(ctx.pool, t.shape().n_slab(), [&](uint64_t s) {
       if (t.dtype() == dtype_) {
-        std::memcpy(t.slab_at(s), src + s * n * 2, n * 2);
+        std::memcpy(t.slab_at(s), src + s * n * es, n * es);
         return;
       }
       thread_local std::vector<float> buf;
       buf.resize(n);
-      ConvertToF32(dtype_, src + s * n * 2, buf.data(), n);
+      ConvertToF32(dtype_, src + s * n * es, buf.data(), n);
       ConvertFromF32(t.dtype(), buf.data(), t.slab_at(s), n);
     });
     return Status::Ok();
@@ -64,10 +67,10 @@ Result<std::unique_ptr<Stage>> MakeCast(const StageSpec& spec, const CodecEnv&) 
 StageRegistration CastStageRegistration() {
   StageInfo info;
   info.name = "cast";
-  info.summary = "store K and V as 16-bit floats (lossless for data already in that type)";
+  info.summary = "store K and V as 16- or 8-bit floats, unscaled (lossless for data already in that type)";
   info.input = DataKind::kTensor;
   info.output = DataKind::kBytes;
-  info.params = {{"dtype", ParamSpec::Type::kEnum, 0, 0, {"f16", "bf16"}, "f16", "storage type"}};
+  info.params = {{"dtype", ParamSpec::Type::kEnum, 0, 0, {"f16", "bf16", "e4m3", "e5m2"}, "f16", "storage type"}};
   return {info, &MakeCast};
 }
 

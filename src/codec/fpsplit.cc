@@ -1,25 +1,26 @@
-// fpsplit(dtype=f16|bf16|e4m3|e5m2): the float-aware half of the lossless float coder (`fpsplit|rans`).
-// Each value, stored in `dtype`, is cut into its exponent and the rest (sign and mantissa). The
-// exponents become 4-bit symbols, reported as code sections (a section per slab, a channel per head
-// dimension, a context per layer and K/V part), so `rans` codes them with a table per channel; the
-// rest — close to uniform, nothing to gain — is stored in bit planes. Lossless from data already
-// in `dtype`; other input is rounded to it first, like `cast`.
+// fpsplit(dtype=f16|bf16|e4m3|e5m2): the float-aware half of the lossless float coder
+// (`fpsplit|rans`). Each 16-bit value, stored in `dtype`, is cut into its exponent and the rest
+// (sign and mantissa). The exponents become 4-bit symbols, reported as code sections (a section per
+// slab, a channel per head dimension, a context per layer and K/V part), so `rans` codes them with
+// a table per channel; the rest — close to uniform, nothing to gain — is stored in bit planes. An
+// FP8 value is one 8-bit symbol whole: with 3 or 2 mantissa bits the mantissa is not uniform
+// (small values, subnormals), and storing it raw lost to plain zstd on FP8 bytes. Lossless from
+// data already in `dtype`; other input is rounded to it first, like `cast`.
 //
 // Why this shape: LZ matching finds nothing in float noise (zstd: 1.08x on llama3-8b fp16); KV's
 // redundancy is in the exponents' skewed, per-channel distributions (an outlier channel's values
 // are all large), which an order-0 coder with per-channel tables takes directly. Exponents are
 // windowed to a 4-bit alphabet because that is rans's fast path (tables that fit registers, byte
 // counters): per (slab, channel) the window covers the 15 exponents up to the channel's largest,
-// symbol e - base + 1; an exponent below the window (a value 2^14 times smaller than the
+// symbol e - base + 1; an exponent below the window (a value about 2^14 times smaller than the
 // channel's largest, or an exact zero) is symbol 0 with the exponent stored aside as an escape.
 //
 // Payload: u8 version 1 | u8 dtype | 6 zero bytes
-//          | per slab in [layer][K|V][head] order: exponent symbols (4-bit codes, slab_numel
-//            rounded up to 8, quant_kernels.h's bit planes) | for 16-bit formats the rest's low
-//            bytes (slab_numel)
-//            | the rest above that byte as codes of its width: for f16 its top 3 bits (sign, 2
-//              mantissa bits); for FP8 (no low byte plane) all of it, 4 bits (e4m3) or 3 (e5m2)
-//            | each channel's window base (head_dim bytes)
+//          | per slab in [layer][K|V][head] order: the symbols (slab_numel rounded up to 8, as
+//            quant_kernels.h's bit planes: 4-bit exponent symbols, or FP8 bytes)
+//            | for 16-bit formats the rest's low bytes (slab_numel), and for f16 its top 3 bits
+//              (sign, 2 mantissa bits) as 3-bit codes
+//            | each channel's window base (head_dim bytes; zero for FP8)
 //          | u32 escape count per slab | the escapes: u32 index within the slab, u8 exponent.
 #include <algorithm>
 #include <cstring>
@@ -57,10 +58,11 @@ FloatFormat FormatOf(DType dtype) {
 struct SlabLayout {
   uint64_t n = 0, n8 = 0;
   uint32_t head_dim = 0;
-  uint64_t low_n = 0;  // bytes of the rest's low byte plane: n for 16-bit formats, 0 for FP8
-  int top_bits = 0;    // bits of the rest above that plane (all of an FP8 value's rest)
+  int sym_bits = kSymbolBits;  // 8 for FP8: the whole value is the symbol
+  uint64_t low_n = 0;  // bytes of the rest's low byte plane: n for 16-bit formats
+  int top_bits = 0;    // bits of the rest above that plane (f16: 3)
   uint64_t symbols() const { return 0; }
-  uint64_t low() const { return quant::PackedBytes(n8, kSymbolBits); }
+  uint64_t low() const { return quant::PackedBytes(n8, sym_bits); }
   uint64_t top() const { return low() + low_n; }
   uint64_t bases() const { return top() + (top_bits ? quant::PackedBytes(n8, top_bits) : 0); }
   uint64_t bytes() const { return bases() + head_dim; }
@@ -87,8 +89,12 @@ class FpSplitStage final : public Stage {
     l.n = shape.slab_numel();
     l.n8 = Padded8(l.n);
     l.head_dim = shape.head_dim;
-    l.low_n = f_.rest_bits() >= 8 ? l.n : 0;
-    l.top_bits = f_.rest_bits() >= 8 ? f_.rest_bits() - 8 : f_.rest_bits();
+    if (f_.bytes == 1) {
+      l.sym_bits = 8;
+    } else {
+      l.low_n = l.n;
+      l.top_bits = f_.rest_bits() - 8;
+    }
     return l;
   }
 
@@ -135,7 +141,7 @@ class FpSplitStage final : public Stage {
     out.reserve(shape.n_slab());
     for (uint64_t s = 0; s < shape.n_slab(); ++s) {
       const uint32_t context = uint32_t(s / shape.n_head_kv);  // layer * 2 + part
-      out.push_back({kHeader + s * l.bytes() + l.symbols(), uint32_t(l.n8), kSymbolBits, shape.head_dim, context});
+      out.push_back({kHeader + s * l.bytes() + l.symbols(), uint32_t(l.n8), uint8_t(l.sym_bits), shape.head_dim, context});
     }
     return out;
   }
@@ -209,45 +215,42 @@ class FpSplitStage final : public Stage {
   // Plain loops for the auto-vectoriser, each over contiguous arrays.
   void EncodeSlab(const uint8_t* src, const SlabLayout& l, uint8_t* dst, Scratch& sc,
                   std::vector<uint8_t>& escapes) const {
-    switch (dtype_) {
-      case DType::kBF16: return EncodeSlabOf<uint16_t, 7, 8>(src, l, dst, sc, escapes);
-      case DType::kE4M3: return EncodeSlabOf<uint8_t, 3, 4>(src, l, dst, sc, escapes);
-      case DType::kE5M2: return EncodeSlabOf<uint8_t, 2, 5>(src, l, dst, sc, escapes);
-      default: return EncodeSlabOf<uint16_t, 10, 5>(src, l, dst, sc, escapes);
+    escapes.clear();
+    if (l.sym_bits == 8) {  // FP8: the bytes are the symbols
+      std::memcpy(dst + l.symbols(), src, l.n);
+      std::memset(dst + l.symbols() + l.n, 0, l.n8 - l.n);
+      std::memset(dst + l.bases(), 0, l.head_dim);
+      return;
     }
+    if (dtype_ == DType::kBF16) return EncodeSlabOf<7, 8>(src, l, dst, sc, escapes);
+    return EncodeSlabOf<10, 5>(src, l, dst, sc, escapes);
   }
   void DecodeSlab(const uint8_t* src, const SlabLayout& l, const uint8_t* esc, uint64_t n_esc, uint8_t* dst,
                   Scratch& sc) const {
-    switch (dtype_) {
-      case DType::kBF16: return DecodeSlabOf<uint16_t, 7, 8>(src, l, esc, n_esc, dst, sc);
-      case DType::kE4M3: return DecodeSlabOf<uint8_t, 3, 4>(src, l, esc, n_esc, dst, sc);
-      case DType::kE5M2: return DecodeSlabOf<uint8_t, 2, 5>(src, l, esc, n_esc, dst, sc);
-      default: return DecodeSlabOf<uint16_t, 10, 5>(src, l, esc, n_esc, dst, sc);
+    if (l.sym_bits == 8) {
+      std::memcpy(dst, src + l.symbols(), l.n);
+      return;
     }
+    if (dtype_ == DType::kBF16) return DecodeSlabOf<7, 8>(src, l, esc, n_esc, dst, sc);
+    return DecodeSlabOf<10, 5>(src, l, esc, n_esc, dst, sc);
   }
 
-  // The element type T, M mantissa and E exponent bits as constants, so the loops vectorise.
-  template <typename T, int M, int E>
+  // M mantissa and E exponent bits of a 16-bit format as constants, so the loops vectorise.
+  template <int M, int E>
   static void EncodeSlabOf(const uint8_t* src_bytes, const SlabLayout& l, uint8_t* __restrict dst, Scratch& sc,
                            std::vector<uint8_t>& escapes) {
     constexpr uint32_t emask = (1u << E) - 1, mmask = (1u << M) - 1;
-    constexpr int kSign = 8 * sizeof(T) - 1;
-    constexpr bool kLowPlane = 1 + M >= 8;
-    const T* __restrict src = reinterpret_cast<const T*>(src_bytes);
+    const uint16_t* __restrict src = reinterpret_cast<const uint16_t*>(src_bytes);
     const uint64_t n = l.n;  // a local: the byte stores below may alias anything the compiler cannot see
     uint8_t* __restrict exp = sc.exp.data();
     uint8_t* __restrict low = dst + l.low();
     uint8_t* __restrict top = sc.top.data();
     for (uint64_t i = 0; i < n; ++i) {
       const uint32_t u = src[i];
-      const uint32_t rest = ((u >> kSign) << M) | (u & mmask);
+      const uint32_t rest = ((u >> 15) << M) | (u & mmask);
       exp[i] = uint8_t((u >> M) & emask);
-      if constexpr (kLowPlane) {
-        low[i] = uint8_t(rest);
-        top[i] = uint8_t(rest >> 8);
-      } else {
-        top[i] = uint8_t(rest);
-      }
+      low[i] = uint8_t(rest);
+      top[i] = uint8_t(rest >> 8);
     }
     const uint32_t D = l.head_dim;
     uint8_t* __restrict base = dst + l.bases();
@@ -282,13 +285,11 @@ class FpSplitStage final : public Stage {
     }
   }
 
-  template <typename T, int M, int E>
+  template <int M, int E>
   static void DecodeSlabOf(const uint8_t* __restrict src, const SlabLayout& l, const uint8_t* esc, uint64_t n_esc,
                            uint8_t* dst_bytes, Scratch& sc) {
     constexpr uint32_t emask = (1u << E) - 1, mmask = (1u << M) - 1;
-    constexpr int kSign = 8 * sizeof(T) - 1;
-    constexpr bool kLowPlane = 1 + M >= 8;
-    T* __restrict dst = reinterpret_cast<T*>(dst_bytes);
+    uint16_t* __restrict dst = reinterpret_cast<uint16_t*>(dst_bytes);
     const uint64_t n = l.n;
     uint8_t* __restrict sym = sc.sym.data();
     uint8_t* __restrict exp = sc.exp.data();
@@ -307,8 +308,8 @@ class FpSplitStage final : public Stage {
     }
     const uint8_t* __restrict low = src + l.low();
     for (uint64_t i = 0; i < n; ++i) {
-      const uint32_t rest = kLowPlane ? uint32_t(low[i] | (top[i] << 8)) : top[i];
-      dst[i] = T(((rest >> M) << kSign) | ((exp[i] & emask) << M) | (rest & mmask));
+      const uint32_t rest = uint32_t(low[i] | (top[i] << 8));
+      dst[i] = uint16_t(((rest >> M) << 15) | ((exp[i] & emask) << M) | (rest & mmask));
     }
   }
 

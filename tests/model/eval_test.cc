@@ -157,7 +157,7 @@ TEST(StrategyTable, HasThePublishedMethodsAndEverySpecParses) {
       EXPECT_TRUE(ParseStrategy(row.spec).ok()) << row.name << ": " << row.spec;
     }
     for (const char* n : {"none", "kivi2", "cachegen", "streamingllm", "snapkv", "uniform8", "uniform4", "uniform3",
-                          "uniform2", "mixhq4", "mixhq3", "mixhq2"})
+                          "uniform2", "mixhq4", "mixhq3", "mixhq2", "fp8", "lossless"})
       EXPECT_EQ(names.count(n), 1u) << n;
     EXPECT_EQ(names.size(), table.size());  // names are unique
     EXPECT_GE(table.size(), 24u);

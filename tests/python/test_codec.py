@@ -105,6 +105,14 @@ def test_fp8_arrays_round_trip_losslessly():
         kvserve.encode(codes, "none", dtype="e5m2")
 
 
+def test_ml_dtypes_fp8_arrays_name_their_format():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    kv = kv_array(dtype=np.float32).astype(ml_dtypes.float8_e4m3fn)
+    f = kvserve.encode(kv, "none")
+    assert kvserve.frame_info(f)["dtype"] == "e4m3"
+    np.testing.assert_array_equal(kvserve.decode(f), kv.view(np.uint8))
+
+
 def test_layer_frames_assemble_into_the_cache():
     kv = kv_array(n_layer=5)
     spec = "quant(kbits=3,vbits=3)|rans"
