@@ -327,6 +327,65 @@ py::object Decode(const py::buffer& frame, std::optional<py::array> out, int thr
   return ArrayOfBlock(std::move(block));
 }
 
+// A vLLM-style paged cache as a block, no copy: `layers` holds one C-contiguous array per layer,
+// (2, num_blocks, block_size, n_head_kv, head_dim); the sequence's n_token tokens sit in the pages
+// `block_table` lists, block_size tokens each.
+KvBlock PagedOfArrays(const std::vector<py::array>& layers, const std::vector<uint32_t>& block_table, uint32_t n_token,
+                      const std::optional<std::string>& dtype, bool write) {
+  if (layers.empty()) Throw(Status::InvalidArgument("paged cache has no layers"));
+  const py::array& a0 = layers[0];
+  const DType dt = DTypeOfArray(a0, dtype);
+  if (a0.ndim() != 5 || a0.shape(0) != 2) {
+    Throw(Status::InvalidArgument("paged layer arrays must be (2, num_blocks, block_size, n_head_kv, head_dim)"));
+  }
+  KvPages p;
+  p.num_blocks = uint32_t(a0.shape(1));
+  p.block_size = uint32_t(a0.shape(2));
+  p.part_stride = uint64_t(a0.shape(1)) * a0.shape(2) * a0.shape(3) * a0.shape(4);
+  p.block_table = block_table;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const py::array& a = layers[l];
+    bool same = a.ndim() == 5;
+    for (int d = 0; same && d < 5; ++d) same = a.shape(d) == a0.shape(d);
+    if (!same || !a.dtype().is(a0.dtype())) {
+      Throw(Status::InvalidArgument("paged layer " + std::to_string(l) + " differs in shape or dtype from layer 0"));
+    }
+    if (!(a.flags() & py::array::c_style)) Throw(Status::InvalidArgument("paged layer " + std::to_string(l) + " is not C-contiguous"));
+    if (write && !a.writeable()) Throw(Status::InvalidArgument("paged layer " + std::to_string(l) + " is read-only"));
+    p.layer_base.push_back(static_cast<uint8_t*>(const_cast<void*>(a.data())));
+  }
+  const KvShape shape{uint32_t(layers.size()), uint32_t(a0.shape(3)), n_token, uint32_t(a0.shape(4))};
+  return Unwrap(KvBlock::PagedView(shape, dt, std::move(p)));
+}
+
+py::bytes EncodePaged(const std::vector<py::array>& layers, const std::vector<uint32_t>& block_table, uint32_t n_token,
+                      const std::string& strategy, uint64_t request_id, int threads, std::optional<std::string> dtype,
+                      uint32_t token_offset) {
+  KvBlock block = PagedOfArrays(layers, block_table, n_token, dtype, false);
+  block.set_token_offset(token_offset);
+  auto pipeline = Pipelines().Get(strategy);
+  ByteBuffer frame;
+  CodecOptions o;
+  o.pool = PoolFor(threads);
+  o.request_id = request_id;
+  {
+    py::gil_scoped_release release;
+    Check(pipeline->Encode(block, &frame, o));
+  }
+  return ToBytes(frame);
+}
+
+void DecodePaged(const py::buffer& frame, const std::vector<py::array>& layers, const std::vector<uint32_t>& block_table,
+                 int threads, std::optional<std::string> dtype) {
+  Buffer buf = BytesOf(frame);
+  FrameView v = Unwrap(ParseFrame(buf.bytes()));
+  KvBlock block = PagedOfArrays(layers, block_table, v.header.shape.n_token, dtype, true);
+  CodecOptions o;
+  o.pool = PoolFor(threads);
+  py::gil_scoped_release release;
+  Check(DecodeKv(buf.bytes(), &block, o, DefaultCodecEnv()));
+}
+
 py::dict FrameInfo(const py::buffer& frame) {
   Buffer buf = BytesOf(frame);
   FrameView v = Unwrap(ParseFrame(buf.bytes()));
@@ -689,6 +748,16 @@ PYBIND11_MODULE(_kvserve, m) {
         py::arg("dtype") = py::none(),
         "Decodes a frame. Without out: a new array whose memory is the decoded block (no copy). With out: decodes "
         "into that array in place (its dtype; shape must match) and returns it.");
+  m.def("encode_paged", &EncodePaged, py::arg("layers"), py::arg("block_table"), py::arg("n_token"),
+        py::arg("strategy"), py::kw_only(), py::arg("request_id") = 0, py::arg("threads") = 1,
+        py::arg("dtype") = py::none(), py::arg("token_offset") = 0,
+        "Encodes a sequence held in a paged cache, vLLM's layout: one C-contiguous array per layer, (2, num_blocks, "
+        "block_size, n_head_kv, head_dim), the sequence's n_token tokens in the pages block_table lists. Reads the "
+        "pages in place; the frame is byte for byte what encode() gives from the dense array.");
+  m.def("decode_paged", &DecodePaged, py::arg("frame"), py::arg("layers"), py::arg("block_table"), py::kw_only(),
+        py::arg("threads") = 1, py::arg("dtype") = py::none(),
+        "Decodes a frame into a paged cache (vLLM's layout, as encode_paged takes it) in place: the frame's tokens go "
+        "to the pages block_table lists; no other row is written.");
   m.def("frame_info", &FrameInfo, py::arg("frame"), "The verified header of a frame as a dict.");
 
   py::class_<PyLayerAssembler>(

@@ -23,6 +23,71 @@ const std::vector<std::string> kDefaultBenchStrategies = {
     "prune(keep=0.5)|quant(kbits=4,vbits=4)|rans",
 };
 
+// `codec bench --paged`: every strategy from and into a paged token-major cache against the dense
+// block, one thread, in one run.
+Status PagedBench(const std::vector<std::string>& given, uint32_t tokens, const std::string& dtype_name, int runs,
+                  uint32_t block_size, bool as_json) {
+  const std::vector<std::string> list =
+      given.empty() ? std::vector<std::string>{"quant(kbits=4,vbits=4)", "fp8"} : given;
+  for (const auto& s : list) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
+  KV_ASSIGN_OR_RETURN(DType dtype, ParseDType(dtype_name));
+  KV_ASSIGN_OR_RETURN(KvBlock block, BenchBlock(tokens, Pool(2), dtype));
+  Progress progress("codec bench --paged", list.size() + 1);
+  const double memcpy_gbps = MeasureMemcpyGbps(block.bytes(), runs);
+  progress.Update(1, "memcpy");
+  BenchOptions bo;
+  bo.runs = runs;
+  bo.env = Codec();
+  std::vector<PagedMeasurement> rows;
+  for (const auto& spec : list) {
+    KV_ASSIGN_OR_RETURN(PagedMeasurement m, MeasurePaged(block, spec, bo, block_size));
+    rows.push_back(m);
+    progress.Update(rows.size() + 1, m.spec);
+  }
+  progress.Done();
+  auto footprint = [](const PagedMeasurement& m) {
+    return m.added_peak_bytes < 0 ? -1.0
+                                  : double(m.cache_bytes + m.added_peak_bytes) / double(m.cache_bytes + m.frame_bytes);
+  };
+  if (as_json) {
+    json j;
+    j["block"] = {{"shape", block.shape().ToString()}, {"dtype", DTypeName(dtype)}, {"bytes", block.bytes()},
+                  {"block_size", block_size}};
+    j["runs"] = runs;
+    j["memcpy_gbps"] = memcpy_gbps;
+    j["strategies"] = json::array();
+    for (const auto& m : rows) {
+      j["strategies"].push_back({{"spec", m.spec},
+                                 {"dense_encode_gbps", m.dense_encode_gbps},
+                                 {"dense_decode_gbps", m.dense_decode_gbps},
+                                 {"paged_encode_gbps", m.paged_encode_gbps},
+                                 {"paged_decode_gbps", m.paged_decode_gbps},
+                                 {"encode_paged_vs_dense", m.paged_encode_gbps / m.dense_encode_gbps},
+                                 {"decode_paged_vs_dense", m.paged_decode_gbps / m.dense_decode_gbps},
+                                 {"same_frame", m.same_frame},
+                                 {"frame_bytes", m.frame_bytes},
+                                 {"cache_bytes", m.cache_bytes},
+                                 {"added_peak_bytes", m.added_peak_bytes},
+                                 {"footprint_vs_frame_plus_cache", footprint(m)}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return Status::Ok();
+  }
+  std::printf("block: llama3-8b %s %s, %.1f MiB, pages of %u tokens (shuffled); median of %d runs, one thread\n",
+              block.shape().ToString().c_str(), DTypeName(dtype), block.bytes() / 1048576.0, block_size, runs);
+  std::printf("memcpy %.2f GB/s\n\n", memcpy_gbps);
+  std::printf("%-44s %17s %17s %13s %10s %12s\n", "strategy", "enc dense/paged", "dec dense/paged", "paged/dense",
+              "same frame", "mem/(f+c)");
+  for (const auto& m : rows) {
+    std::printf("%-44s %7.2f / %7.2f %7.2f / %7.2f   %4.2f / %4.2f %10s %12.3f\n", m.spec.c_str(), m.dense_encode_gbps,
+                m.paged_encode_gbps, m.dense_decode_gbps, m.paged_decode_gbps, m.paged_encode_gbps / m.dense_encode_gbps,
+                m.paged_decode_gbps / m.dense_decode_gbps, m.same_frame ? "yes" : "NO", footprint(m));
+  }
+  std::printf("\nmem/(f+c): (cache + memory the paged runs added at their peak) / (frame + cache); a dense copy "
+              "of the block would add about one cache\n");
+  return Status::Ok();
+}
+
 Status Info() {
   std::printf("kvserve %s\n\nstages (strategy spec: stage(key=value,...)|stage(...); 'none' = no compression):\n",
               KVSERVE_VERSION);
@@ -159,6 +224,8 @@ void AddCodecCommands(CLI::App& app) {
     auto per_layer = std::make_shared<bool>(true);
     auto entropy_payload = std::make_shared<std::string>("quant(kbits=4,vbits=4)");
     auto dtype_name = std::make_shared<std::string>("f16");
+    auto paged = std::make_shared<bool>(false);
+    auto block_size = std::make_shared<uint32_t>(16);
     c->add_option("-s,--strategy", *specs, "strategy to measure (repeatable); default: 8/4/2-bit quant, +/- zstd");
     c->add_option("--entropy-payload", *entropy_payload,
                   "quantised payload on which zstd(level=3) and rans are compared")->capture_default_str();
@@ -170,10 +237,15 @@ void AddCodecCommands(CLI::App& app) {
         ->delimiter(',')->capture_default_str()->check(InRange(1, 256));
     c->add_option("--runs", *runs, "runs per measurement (median)")->capture_default_str()->check(InRange(1, 1000));
     c->add_flag("--json", *as_json, "machine-readable output");
+    c->add_flag("--paged", *paged,
+                "instead: each strategy (default 4-bit quant and fp8) from and into a paged token-major cache "
+                "(vLLM's layout, shuffled pages) against the dense layout, with the memory the paged runs add");
+    c->add_option("--block-size", *block_size, "with --paged: tokens per page")->capture_default_str()->check(InRange(1, 65536));
     c->add_flag("--per-layer,!--no-per-layer", *per_layer,
                 "also measure the serving path: one frame per layer, decoded through a LayerAssembler")
         ->capture_default_str();
     SetAction(c, [=]() -> Status {
+      if (*paged) return PagedBench(*specs, *tokens, *dtype_name, *runs, *block_size, *as_json);
       const std::vector<std::string>& list = specs->empty() ? kDefaultBenchStrategies : *specs;
       for (const auto& s : list) KV_RETURN_IF_ERROR(CanonicalStrategy(s).status());
       KV_RETURN_IF_ERROR(CanonicalStrategy(*entropy_payload + "|rans").status());

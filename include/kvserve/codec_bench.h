@@ -37,6 +37,23 @@ struct BenchOptions {
 Result<KvBlock> BenchBlock(uint32_t n_token = 1024, ThreadPool* pool = nullptr, DType dtype = DType::kF16);
 
 Result<CodecMeasurement> MeasureCodec(const KvBlock& block, std::string_view spec, const BenchOptions& opts = {});
+// The paged serving layout against the dense one, in one run: `block` copied into a paged,
+// token-major cache (vLLM's per-layer [2, num_blocks, block_size, n_head, head_dim], pages of
+// `block_size` tokens in a shuffled block table, an eighth spare) and encoded from it, then the
+// frame decoded back into the same pages; the dense block encoded and decoded as MeasureCodec does.
+struct PagedMeasurement {
+  std::string spec;
+  double dense_encode_gbps = 0, dense_decode_gbps = 0, paged_encode_gbps = 0, paged_decode_gbps = 0;
+  bool same_frame = false;  // the paged frame equals the dense one byte for byte
+  uint64_t frame_bytes = 0, cache_bytes = 0;
+  // Memory the paged runs added to what was resident before them (the process's peak RSS, reset
+  // first through /proc/self/clear_refs; -1 where the kernel does not allow it): a full-block copy
+  // would add about cache_bytes.
+  int64_t added_peak_bytes = -1;
+};
+Result<PagedMeasurement> MeasurePaged(const KvBlock& block, std::string_view spec, const BenchOptions& opts = {},
+                                      uint32_t block_size = 16);
+
 // memcpy of `bytes` bytes between two pre-touched buffers.
 double MeasureMemcpyGbps(size_t bytes, int runs);
 

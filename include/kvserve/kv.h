@@ -81,6 +81,18 @@ struct KvShape {
 // babyllama105 (5, 4, *, 16).
 Result<KvShape> ShapePreset(std::string_view name, uint32_t n_token);
 
+// A serving engine's paged cache, token-major: per layer, K pages then V pages, each page
+// `block_size` token rows of [n_head_kv][head_dim] — vLLM's per-layer
+// [2, num_blocks, block_size, num_kv_heads, head_size]. Token t of the sequence is row t % block_size
+// of page block_table[t / block_size].
+struct KvPages {
+  std::vector<uint8_t*> layer_base;  // one per layer: that layer's K pages; its V pages part_stride elements on
+  uint64_t part_stride = 0;          // elements from a layer's K pages to its V pages (num_blocks * block_size * H * D)
+  uint32_t block_size = 0;           // tokens per page
+  uint32_t num_blocks = 0;           // pages per part of a layer (page ids must be below it)
+  std::vector<uint32_t> block_table; // page id of each block_size tokens of the sequence
+};
+
 class KvBlock {
  public:
   KvBlock() = default;
@@ -92,15 +104,21 @@ class KvBlock {
   // view (stride = capacity * head_dim). The memory must outlive the view; copies of a view are
   // views of the same memory. Decoding into a view writes the caller's memory in place.
   static Result<KvBlock> View(const KvShape& shape, DType dtype, void* data, uint64_t slab_stride = 0);
+  // A view over an engine's paged, token-major cache (KvPages): no copy. Its slabs are not
+  // contiguous, so code reads them with ReadSlab (gathered into a scratch slab, L2-sized) and
+  // writes them with SlabToWrite / WroteSlab (scattered back); slab_at() is not valid on it.
+  // Fails on a table too short for n_token, a page id beyond num_blocks or a null layer base.
+  static Result<KvBlock> PagedView(const KvShape& shape, DType dtype, KvPages pages);
   // A view of layers [layer_begin, layer_begin + n_layers) of this block (owning or a view);
   // the same memory, no copy. Const blocks give views that must only be read.
   Result<KvBlock> LayerView(uint32_t layer_begin, uint32_t n_layers) const;
 
   const KvShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
-  bool is_view() const { return view_ != nullptr; }
+  bool is_view() const { return view_ != nullptr || pages_ != nullptr; }
+  bool is_paged() const { return pages_ != nullptr; }
   // Whether slabs follow each other without gaps, so data() .. data() + bytes() is the block.
-  bool is_dense() const { return slab_stride() == shape_.slab_numel(); }
+  bool is_dense() const { return !pages_ && slab_stride() == shape_.slab_numel(); }
   // Elements between the starts of consecutive slabs.
   uint64_t slab_stride() const { return view_ ? view_stride_ : shape_.slab_numel(); }
   // numel() * dtype size: the block's bytes, which a strided view does not hold contiguously.
@@ -125,6 +143,17 @@ class KvBlock {
   const uint8_t* slab_at(uint64_t slab_index) const {
     return const_cast<KvBlock*>(this)->slab_at(slab_index);
   }
+  // Slab access whatever the layout. ReadSlab: the slab's own memory when its token rows are dense
+  // in place (an owning block, a strided view), else the slab gathered into `scratch`.
+  // SlabToWrite: where to write slab s (its memory, or `scratch` sized for it); WroteSlab then
+  // scatters a scratch slab back to the pages (nothing to do for the slab's own memory).
+  const uint8_t* ReadSlab(uint64_t slab_index, ByteBuffer& scratch) const;
+  uint8_t* SlabToWrite(uint64_t slab_index, ByteBuffer& scratch);
+  void WroteSlab(uint64_t slab_index, const uint8_t* written);
+  // Token `token`'s [head_dim] row of slab `slab_index`, in any layout.
+  const uint8_t* TokenRow(uint64_t slab_index, uint32_t token) const;
+  const KvPages* pages() const { return pages_.get(); }
+
   float* f32() { return reinterpret_cast<float*>(data()); }
   const float* f32() const { return reinterpret_cast<const float*>(data()); }
 
@@ -148,6 +177,9 @@ class KvBlock {
   ByteBuffer data_;
   uint8_t* view_ = nullptr;  // caller memory when a view
   uint64_t view_stride_ = 0;
+  std::shared_ptr<const KvPages> pages_;  // a paged view: the engine's pages
+  // Address of token `token`'s row of slab `slab_index` in a paged view.
+  uint8_t* PagedRow(uint64_t slab_index, uint32_t token) const;
 };
 
 // Splits a block into chunks of at most chunk_tokens tokens (the last may be shorter).

@@ -51,6 +51,20 @@ def encode_layer(
     token_offset: int = 0,
 ) -> bytes: ...
 def decode(frame: Buffer, *, out: Optional[KvArray] = None, threads: int = 1, dtype: Optional[str] = None) -> KvArray: ...
+def encode_paged(
+    layers: Sequence[KvArray],
+    block_table: Sequence[int],
+    n_token: int,
+    strategy: str,
+    *,
+    request_id: int = 0,
+    threads: int = 1,
+    dtype: Optional[str] = None,
+    token_offset: int = 0,
+) -> bytes: ...
+def decode_paged(
+    frame: Buffer, layers: Sequence[KvArray], block_table: Sequence[int], *, threads: int = 1, dtype: Optional[str] = None
+) -> None: ...
 def frame_info(frame: Buffer) -> Dict[str, Any]: ...
 
 class LayerAssembler:

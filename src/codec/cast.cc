@@ -19,13 +19,15 @@ class CastStage final : public Stage {
     uint8_t* dst = out.bytes->data() + start;
     const size_t n = t.shape().slab_numel();
     ParallelFor(ctx.pool, t.shape().n_slab(), [&](uint64_t s) {
+      thread_local ByteBuffer scratch;
+      const uint8_t* src = t.ReadSlab(s, scratch);
       if (t.dtype() == dtype_) {
-        std::memcpy(dst + s * n * es, t.slab_at(s), n * es);
+        std::memcpy(dst + s * n * es, src, n * es);
         return;
       }
       thread_local std::vector<float> buf;
       buf.resize(n);
-      ConvertToF32(t.dtype(), t.slab_at(s), buf.data(), n);
+      ConvertToF32(t.dtype(), src, buf.data(), n);
       ConvertFromF32(dtype_, buf.data(), dst + s * n * es, n);
     });
     return Status::Ok();
@@ -41,14 +43,17 @@ class CastStage final : public Stage {
     }
     const uint8_t* src = in.bytes.data();
     ParallelFor(ctx.pool, t.shape().n_slab(), [&](uint64_t s) {
+      thread_local ByteBuffer scratch;
+      uint8_t* dst = t.SlabToWrite(s, scratch);
       if (t.dtype() == dtype_) {
-        std::memcpy(t.slab_at(s), src + s * n * es, n * es);
-        return;
+        std::memcpy(dst, src + s * n * es, n * es);
+      } else {
+        thread_local std::vector<float> buf;
+        buf.resize(n);
+        ConvertToF32(dtype_, src + s * n * es, buf.data(), n);
+        ConvertFromF32(t.dtype(), buf.data(), dst, n);
       }
-      thread_local std::vector<float> buf;
-      buf.resize(n);
-      ConvertToF32(dtype_, src + s * n * es, buf.data(), n);
-      ConvertFromF32(t.dtype(), buf.data(), t.slab_at(s), n);
+      t.WroteSlab(s, dst);
     });
     return Status::Ok();
   }

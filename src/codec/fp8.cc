@@ -82,7 +82,8 @@ class Fp8Stage final : public Stage {
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t s) {
       uint8_t* dst = body + s * slab_bytes;
       uint8_t* codes = dst + m * 2;
-      const uint8_t* src = t.slab_at(s);
+      thread_local ByteBuffer scratch;
+      const uint8_t* src = t.ReadSlab(s, scratch);
       for (uint64_t g = 0; g < m; ++g) {
         const uint8_t* group = src + g * per_group * es;
         const float want = MaxMagnitude(t.dtype(), group, per_group) / max_;
@@ -143,13 +144,15 @@ class Fp8Stage final : public Stage {
     const uint64_t per_group = m ? n / m : 0;
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t s) {
       const uint8_t* src = body + s * slab_bytes;
-      uint8_t* dst = t.slab_at(s);
+      thread_local ByteBuffer scratch;
+      uint8_t* dst = t.SlabToWrite(s, scratch);
       for (uint64_t g = 0; g < m; ++g) {
         uint16_t h;
         std::memcpy(&h, src + g * 2, 2);
         ConvertFromFp8Scaled(format_, src + m * 2 + g * per_group, HalfToFloat(h), t.dtype(), dst + g * per_group * es,
                              per_group);
       }
+      t.WroteSlab(s, dst);
     });
     return Status::Ok();
   }

@@ -113,11 +113,12 @@ class FpSplitStage final : public Stage {
     ParallelFor(ctx.pool, n_slab, [&](uint64_t s) {
       thread_local Scratch sc;
       sc.Resize(l.n8);
-      const uint8_t* src = t.slab_at(s);
+      thread_local ByteBuffer gathered;
+      const uint8_t* src = t.ReadSlab(s, gathered);
       if (t.dtype() != dtype_) {
         sc.f32.resize(l.n);
         sc.cast.resize(l.n * f_.bytes);
-        ConvertToF32(t.dtype(), t.slab_at(s), sc.f32.data(), l.n);
+        ConvertToF32(t.dtype(), src, sc.f32.data(), l.n);
         ConvertFromF32(dtype_, sc.f32.data(), sc.cast.data(), l.n);
         src = sc.cast.data();
       }
@@ -198,15 +199,18 @@ class FpSplitStage final : public Stage {
       const uint8_t* src = body + s * l.bytes();
       const uint8_t* e = esc + first[s] * kEscapeBytes;
       const uint64_t n_esc = first[s + 1] - first[s];
+      thread_local ByteBuffer scratch;
+      uint8_t* dst = t.SlabToWrite(s, scratch);
       if (t.dtype() == dtype_) {
-        DecodeSlab(src, l, e, n_esc, t.slab_at(s), sc);
-        return;
+        DecodeSlab(src, l, e, n_esc, dst, sc);
+      } else {
+        sc.cast.resize(l.n * f_.bytes);
+        sc.f32.resize(l.n);
+        DecodeSlab(src, l, e, n_esc, sc.cast.data(), sc);
+        ConvertToF32(dtype_, sc.cast.data(), sc.f32.data(), l.n);
+        ConvertFromF32(t.dtype(), sc.f32.data(), dst, l.n);
       }
-      sc.cast.resize(l.n * f_.bytes);
-      sc.f32.resize(l.n);
-      DecodeSlab(src, l, e, n_esc, sc.cast.data(), sc);
-      ConvertToF32(dtype_, sc.cast.data(), sc.f32.data(), l.n);
-      ConvertFromF32(t.dtype(), sc.f32.data(), t.slab_at(s), l.n);
+      t.WroteSlab(s, dst);
     });
     return Status::Ok();
   }

@@ -50,13 +50,14 @@ Result<LowRankBasis> FitLowRankBasis(const std::vector<const KvBlock*>& samples)
     }
   }
   std::vector<float> row(D);
+  ByteBuffer gathered;
   for (uint64_t sl = 0; sl < b.n_slab(); ++sl) {
     Eigen::VectorXd sum = Eigen::VectorXd::Zero(D);
     Eigen::MatrixXd outer = Eigen::MatrixXd::Zero(D, D);
     double n = 0;
     for (const KvBlock* k : samples) {
       for (uint32_t t = 0; t < k->shape().n_token; ++t) {
-        ConvertToF32(k->dtype(), k->slab_at(sl) + size_t(t) * D * DTypeSize(k->dtype()), row.data(), D);
+        ConvertToF32(k->dtype(), k->ReadSlab(sl, gathered) + size_t(t) * D * DTypeSize(k->dtype()), row.data(), D);
         Eigen::VectorXd x = Eigen::Map<Eigen::VectorXf>(row.data(), D).cast<double>();
         sum += x;
         outer.noalias() += x * x.transpose();
@@ -176,10 +177,12 @@ class LowRankStage final : public Stage {
       const float* B = &b->basis[sl * D * D];
       float* c = reinterpret_cast<float*>(out.tensor->slab_at(sl));
       const size_t es = DTypeSize(t.dtype());
+      thread_local ByteBuffer gathered;  // a paged input's slab
+      const uint8_t* src = t.ReadSlab(sl, gathered);
       for (uint32_t tok = 0; tok < s.n_token; tok += kTile) {
         const uint32_t nt = std::min(kTile, s.n_token - tok);
         float* xt = x.data();
-        ConvertToF32(t.dtype(), t.slab_at(sl) + size_t(tok) * D * es, xt, size_t(nt) * D);
+        ConvertToF32(t.dtype(), src + size_t(tok) * D * es, xt, size_t(nt) * D);
         for (uint32_t k = 0; k < nt; ++k)
           for (uint32_t d = 0; d < D; ++d) xt[k * D + d] -= mean[d];
         uint32_t j0 = 0;
@@ -231,6 +234,8 @@ class LowRankStage final : public Stage {
       for (uint32_t d = 0; d < D; ++d)
         for (uint32_t j = 0; j < r; ++j) bt[size_t(j) * D + d] = B[size_t(d) * D + j];
       const size_t in_es = DTypeSize(t.dtype()), out_es = DTypeSize(out.tensor->dtype());
+      thread_local ByteBuffer scratch;  // a paged output's slab
+      uint8_t* dst = out.tensor->SlabToWrite(sl, scratch);
       for (uint32_t tok = 0; tok < s.n_token; tok += kTile) {
         const uint32_t nt = std::min(kTile, s.n_token - tok);
         float* ct = c.data();
@@ -258,8 +263,9 @@ class LowRankStage final : public Stage {
             for (uint32_t d = d0; d < D; ++d) xr[d] += cj * btj[d];
           }
         }
-        ConvertFromF32(out.tensor->dtype(), xt, out.tensor->slab_at(sl) + size_t(tok) * D * out_es, size_t(nt) * D);
+        ConvertFromF32(out.tensor->dtype(), xt, dst + size_t(tok) * D * out_es, size_t(nt) * D);
       }
+      out.tensor->WroteSlab(sl, dst);
     });
     return Status::Ok();
   }

@@ -222,7 +222,8 @@ class MixHqStage final : public Stage {
       thread_local SlabScratch scratch;
       scratch.Start(sh.slab_numel(), D, p_.seed, ctx.first_slab + s);
       auto& [x, sign, scale, scale_h, codes] = scratch;
-      ConvertToF32(t.dtype(), t.slab_at(s), x.data(), x.size());
+      thread_local ByteBuffer gathered;
+      ConvertToF32(t.dtype(), t.ReadSlab(s, gathered), x.data(), x.size());
       RotateRows(x.data(), sh.n_token, D, sign.data(), false);
       uint8_t* dst = body + L.offset[s];
       for (const Block& blk : L.blocks[s]) {
@@ -339,7 +340,10 @@ class MixHqStage final : public Stage {
         src += L.block_bytes(v, blk);
       }
       RotateRows(x.data(), sh.n_token, D, sign.data(), true);
-      ConvertFromF32(t.dtype(), x.data(), t.slab_at(s), x.size());
+      thread_local ByteBuffer gathered;
+      uint8_t* dst = t.SlabToWrite(s, gathered);
+      ConvertFromF32(t.dtype(), x.data(), dst, x.size());
+      t.WroteSlab(s, dst);
     });
     return Status::Ok();
   }

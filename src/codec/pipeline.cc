@@ -133,8 +133,10 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
   AppendFrameHeader(h, frame);
   if (stages_.empty()) {
     const size_t slab_bytes = block.shape().slab_numel() * DTypeSize(block.dtype());
+    ByteBuffer gathered;  // a paged block's slab
     for (uint64_t s = 0; s < block.shape().n_slab(); ++s) {
-      frame->insert(frame->end(), block.slab_at(s), block.slab_at(s) + slab_bytes);
+      const uint8_t* src = block.ReadSlab(s, gathered);
+      frame->insert(frame->end(), src, src + slab_bytes);
     }
     return FinishFrame(frame, 0, opts.pool);
   }
@@ -239,14 +241,17 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
     out->set_positions(v.header.positions);
     const size_t n = shape.slab_numel(), in_slab = n * DTypeSize(v.header.dtype);
     std::vector<float> tmp(out_dtype == v.header.dtype ? 0 : n);
+    ByteBuffer scratch;  // a paged destination's slab
     for (uint64_t s = 0; s < shape.n_slab(); ++s) {
       const uint8_t* src = v.payload.data() + s * in_slab;
+      uint8_t* dst = out->SlabToWrite(s, scratch);
       if (out_dtype == v.header.dtype) {
-        std::memcpy(out->slab_at(s), src, in_slab);
+        std::memcpy(dst, src, in_slab);
       } else {
         ConvertToF32(v.header.dtype, src, tmp.data(), n);
-        ConvertFromF32(out_dtype, tmp.data(), out->slab_at(s), n);
+        ConvertFromF32(out_dtype, tmp.data(), dst, n);
       }
+      out->WroteSlab(s, dst);
     }
     return Status::Ok();
   }

@@ -58,16 +58,15 @@ class PruneStage final : public Stage {
       // Negative squared key norm, summed over layers and heads: small keys rank first. Tasks
       // take token ranges and sum each token's slabs in the same order, so the scores do not
       // depend on the threads.
-      const size_t row_bytes = size_t(sh.head_dim) * DTypeSize(t.dtype());
       ParallelFor(ctx.pool, (n + kScoreTokens - 1) / kScoreTokens, [&](uint64_t part) {
         thread_local std::vector<float> row;
         row.resize(sh.head_dim);
         const uint32_t begin = uint32_t(part * kScoreTokens), end = std::min<uint32_t>(n, begin + kScoreTokens);
         for (uint32_t l = 0; l < sh.n_layer; ++l)
           for (uint32_t h = 0; h < sh.n_head_kv; ++h) {
-            const uint8_t* slab = t.slab(l, KvPart::kKey, h);
+            const uint64_t slab = sh.slab_index(l, KvPart::kKey, h);
             for (uint32_t i = begin; i < end; ++i) {
-              ConvertToF32(t.dtype(), slab + i * row_bytes, row.data(), sh.head_dim);
+              ConvertToF32(t.dtype(), t.TokenRow(slab, i), row.data(), sh.head_dim);
               score[i] -= SquaredNorm(row.data(), sh.head_dim);
             }
           }
@@ -91,9 +90,8 @@ class PruneStage final : public Stage {
     for (uint32_t i : keep_idx) pos.push_back(t.position(i));
     const size_t row = size_t(sh.head_dim) * DTypeSize(t.dtype());
     ParallelFor(ctx.pool, sh.n_slab(), [&](uint64_t sl) {
-      const uint8_t* src = t.slab_at(sl);
       uint8_t* dst = out.tensor->slab_at(sl);
-      for (size_t j = 0; j < keep_idx.size(); ++j) std::memcpy(dst + j * row, src + keep_idx[j] * row, row);
+      for (size_t j = 0; j < keep_idx.size(); ++j) std::memcpy(dst + j * row, t.TokenRow(sl, keep_idx[j]), row);
     });
     out.tensor->set_positions(std::move(pos));
     return Status::Ok();
@@ -105,14 +103,17 @@ class PruneStage final : public Stage {
     if (!(t.shape() == out.tensor->shape())) return Status::Corrupt("prune input does not match the frame's kept tokens");
     const size_t n = t.shape().slab_numel();
     ParallelFor(ctx.pool, t.shape().n_slab(), [&](uint64_t sl) {
+      thread_local ByteBuffer scratch;  // a paged destination's slab
+      uint8_t* dst = out.tensor->SlabToWrite(sl, scratch);
       if (t.dtype() == out.tensor->dtype()) {
-        std::memcpy(out.tensor->slab_at(sl), t.slab_at(sl), n * DTypeSize(t.dtype()));
-        return;
+        std::memcpy(dst, t.slab_at(sl), n * DTypeSize(t.dtype()));
+      } else {
+        thread_local std::vector<float> buf;
+        buf.resize(n);
+        ConvertToF32(t.dtype(), t.slab_at(sl), buf.data(), n);
+        ConvertFromF32(out.tensor->dtype(), buf.data(), dst, n);
       }
-      thread_local std::vector<float> buf;
-      buf.resize(n);
-      ConvertToF32(t.dtype(), t.slab_at(sl), buf.data(), n);
-      ConvertFromF32(out.tensor->dtype(), buf.data(), out.tensor->slab_at(sl), n);
+      out.tensor->WroteSlab(sl, dst);
     });
     return Status::Ok();
   }

@@ -148,7 +148,8 @@ class QuantStage final : public Stage {
     std::vector<Status> errors(shape.n_slab());
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
       thread_local quant::BlockScratch scratch;
-      errors[i] = EncodeSlab(t.slab_at(i), t.dtype(), SlabLayout(i, shape), body + off[i], scratch);
+      thread_local ByteBuffer gathered;
+      errors[i] = EncodeSlab(t.ReadSlab(i, gathered), t.dtype(), SlabLayout(i, shape), body + off[i], scratch);
     });
     for (uint64_t i = 0; i < errors.size(); ++i) {
       if (!errors[i].ok()) {
@@ -207,7 +208,10 @@ class QuantStage final : public Stage {
     const uint8_t* body = hdr + kPayloadHeader;
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
       thread_local quant::BlockScratch scratch;
-      DecodeSlab(body + off[i], SlabLayout(i, shape), t.dtype(), t.slab_at(i), scratch);
+      thread_local ByteBuffer gathered;
+      uint8_t* dst = t.SlabToWrite(i, gathered);
+      DecodeSlab(body + off[i], SlabLayout(i, shape), t.dtype(), dst, scratch);
+      t.WroteSlab(i, dst);
     });
     return Status::Ok();
   }

@@ -28,10 +28,12 @@ void ForwardInChunks(const KvBlock& in, KvBlock& out, uint64_t i, uint32_t chunk
   const uint32_t D = in.shape().head_dim, n_token = in.shape().n_token;
   const size_t es = DTypeSize(in.dtype());
   float* dst = reinterpret_cast<float*>(out.slab_at(i));
+  thread_local ByteBuffer gathered;  // a paged input's slab
+  const uint8_t* src = in.ReadSlab(i, gathered);
   for (uint32_t t0 = 0; t0 < n_token; t0 += chunk) {
     const uint32_t rows = std::min(chunk, n_token - t0);
     float* x = dst + size_t(t0) * D;
-    ConvertToF32(in.dtype(), in.slab_at(i) + size_t(t0) * D * es, x, size_t(rows) * D);
+    ConvertToF32(in.dtype(), src + size_t(t0) * D * es, x, size_t(rows) * D);
     fn(x, rows);
   }
 }
@@ -43,14 +45,17 @@ void InverseInChunks(const KvBlock& in, KvBlock& out, uint64_t i, uint32_t chunk
   const uint32_t D = in.shape().head_dim, n_token = in.shape().n_token;
   const size_t in_es = DTypeSize(in.dtype()), out_es = DTypeSize(out.dtype());
   thread_local std::vector<float> buf;
+  thread_local ByteBuffer scratch;  // a paged output's slab
   buf.resize(size_t(chunk) * D);
+  uint8_t* dst = out.SlabToWrite(i, scratch);
   for (uint32_t t0 = 0; t0 < n_token; t0 += chunk) {
     const uint32_t rows = std::min(chunk, n_token - t0);
     const size_t first = size_t(t0) * D, n = size_t(rows) * D;
     ConvertToF32(in.dtype(), in.slab_at(i) + first * in_es, buf.data(), n);
     fn(buf.data(), rows);
-    ConvertFromF32(out.dtype(), buf.data(), out.slab_at(i) + first * out_es, n);
+    ConvertFromF32(out.dtype(), buf.data(), dst + first * out_es, n);
   }
+  out.WroteSlab(i, dst);
 }
 
 class RotateStage final : public Stage {

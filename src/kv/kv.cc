@@ -5,6 +5,10 @@
 
 #include "kvserve/kv.h"
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 namespace kvserve {
 
 namespace {
@@ -64,6 +68,101 @@ Result<KvBlock> KvBlock::View(const KvShape& shape, DType dtype, void* data, uin
   return b;
 }
 
+Result<KvBlock> KvBlock::PagedView(const KvShape& shape, DType dtype, KvPages pages) {
+  KV_RETURN_IF_ERROR(shape.Validate());
+  if (pages.layer_base.size() != shape.n_layer) {
+    return Status::InvalidArgument("paged KV has " + std::to_string(pages.layer_base.size()) + " layer bases for " +
+                                   std::to_string(shape.n_layer) + " layers");
+  }
+  for (size_t l = 0; l < pages.layer_base.size(); ++l) {
+    if (pages.layer_base[l] == nullptr) return Status::InvalidArgument("paged KV layer " + std::to_string(l) + " base is null");
+  }
+  if (pages.block_size == 0) return Status::InvalidArgument("paged KV block_size=0 must be positive");
+  const uint64_t need = (uint64_t{shape.n_token} + pages.block_size - 1) / pages.block_size;
+  if (pages.block_table.size() < need) {
+    return Status::InvalidArgument("paged KV block table has " + std::to_string(pages.block_table.size()) +
+                                   " pages, " + std::to_string(shape.n_token) + " tokens of block_size " +
+                                   std::to_string(pages.block_size) + " need " + std::to_string(need));
+  }
+  for (uint64_t i = 0; i < need; ++i) {
+    if (pages.block_table[i] >= pages.num_blocks) {
+      return Status::InvalidArgument("paged KV block table entry " + std::to_string(i) + " = " +
+                                     std::to_string(pages.block_table[i]) + " is not below num_blocks=" +
+                                     std::to_string(pages.num_blocks));
+    }
+  }
+  const uint64_t part_elems = uint64_t{pages.num_blocks} * pages.block_size * shape.n_head_kv * shape.head_dim;
+  if (pages.part_stride < part_elems) {
+    return Status::InvalidArgument("paged KV part_stride=" + std::to_string(pages.part_stride) + " is below one part's " +
+                                   std::to_string(part_elems) + " elements");
+  }
+  KvBlock b;
+  b.shape_ = shape;
+  b.dtype_ = dtype;
+  b.pages_ = std::make_shared<const KvPages>(std::move(pages));
+  return b;
+}
+
+uint8_t* KvBlock::PagedRow(uint64_t slab_index, uint32_t token) const {
+  const KvPages& p = *pages_;
+  const uint64_t H = shape_.n_head_kv, head = slab_index % H, part = (slab_index / H) % 2, layer = slab_index / (2 * H);
+  const uint64_t row = uint64_t{p.block_table[token / p.block_size]} * p.block_size + token % p.block_size;
+  const uint64_t elem = part * p.part_stride + (row * H + head) * shape_.head_dim;
+  return p.layer_base[layer] + elem * DTypeSize(dtype_);
+}
+
+const uint8_t* KvBlock::TokenRow(uint64_t slab_index, uint32_t token) const {
+  if (pages_) return PagedRow(slab_index, token);
+  return slab_at(slab_index) + size_t{token} * shape_.head_dim * DTypeSize(dtype_);
+}
+
+const uint8_t* KvBlock::ReadSlab(uint64_t slab_index, ByteBuffer& scratch) const {
+  if (!pages_) return slab_at(slab_index);
+  const size_t row = size_t{shape_.head_dim} * DTypeSize(dtype_);
+  scratch.resize(size_t(shape_.n_token) * row);
+  // Rows are a page row's stride apart (n_head_kv rows of this size): too far for the hardware
+  // prefetchers to follow, so the rows a few tokens ahead are fetched by hand.
+  constexpr uint32_t kAhead = 8;
+  for (uint32_t t = 0; t < shape_.n_token; ++t) {
+    if (t + kAhead < shape_.n_token) {
+      const uint8_t* next = PagedRow(slab_index, t + kAhead);
+      for (size_t b = 0; b < row; b += 64) __builtin_prefetch(next + b);
+    }
+    std::memcpy(scratch.data() + t * row, PagedRow(slab_index, t), row);
+  }
+  return scratch.data();
+}
+
+uint8_t* KvBlock::SlabToWrite(uint64_t slab_index, ByteBuffer& scratch) {
+  if (!pages_) return slab_at(slab_index);
+  scratch.resize(size_t(shape_.n_token) * shape_.head_dim * DTypeSize(dtype_));
+  return scratch.data();
+}
+
+void KvBlock::WroteSlab(uint64_t slab_index, const uint8_t* written) {
+  if (!pages_) return;
+  const size_t row = size_t{shape_.head_dim} * DTypeSize(dtype_);
+#ifdef __SSE2__
+  // Decoded rows are written once and not read back soon: non-temporal stores skip reading each
+  // destination line first (what the dense path's streaming stores do), where rows are 16-byte
+  // multiples at 16-byte aligned addresses (an engine's cache is).
+  if (row % 16 == 0 && reinterpret_cast<uintptr_t>(written) % 16 == 0) {
+    bool aligned = true;
+    for (uint32_t t = 0; t < shape_.n_token && aligned; ++t) aligned = reinterpret_cast<uintptr_t>(PagedRow(slab_index, t)) % 16 == 0;
+    if (aligned) {
+      for (uint32_t t = 0; t < shape_.n_token; ++t) {
+        __m128i* dst = reinterpret_cast<__m128i*>(PagedRow(slab_index, t));
+        const __m128i* src = reinterpret_cast<const __m128i*>(written + t * row);
+        for (size_t i = 0; i < row / 16; ++i) _mm_stream_si128(dst + i, _mm_load_si128(src + i));
+      }
+      _mm_sfence();
+      return;
+    }
+  }
+#endif
+  for (uint32_t t = 0; t < shape_.n_token; ++t) std::memcpy(PagedRow(slab_index, t), written + t * row, row);
+}
+
 Result<KvBlock> KvBlock::LayerView(uint32_t layer_begin, uint32_t n_layers) const {
   if (n_layers == 0 || uint64_t{layer_begin} + n_layers > shape_.n_layer) {
     return Status::InvalidArgument("layer range [" + std::to_string(layer_begin) + ", " +
@@ -72,6 +171,14 @@ Result<KvBlock> KvBlock::LayerView(uint32_t layer_begin, uint32_t n_layers) cons
   }
   KvShape s = shape_;
   s.n_layer = n_layers;
+  if (pages_) {
+    KvPages p = *pages_;
+    p.layer_base.assign(pages_->layer_base.begin() + layer_begin, pages_->layer_base.begin() + layer_begin + n_layers);
+    KV_ASSIGN_OR_RETURN(KvBlock v, PagedView(s, dtype_, std::move(p)));
+    v.token_offset_ = token_offset_;
+    v.positions_ = positions_;
+    return v;
+  }
   const uint8_t* base = slab(layer_begin, KvPart::kKey, 0);
   KV_ASSIGN_OR_RETURN(KvBlock v, View(s, dtype_, const_cast<uint8_t*>(base), slab_stride()));
   v.token_offset_ = token_offset_;
@@ -81,7 +188,7 @@ Result<KvBlock> KvBlock::LayerView(uint32_t layer_begin, uint32_t n_layers) cons
 
 Status KvBlock::Reset(const KvShape& shape, DType dtype) {
   KV_RETURN_IF_ERROR(shape.Validate());
-  if (view_ != nullptr) {
+  if (is_view()) {
     if (!(shape == shape_) || dtype != dtype_) {
       return Status::InvalidArgument("a KV view of shape " + shape_.ToString() + " " + DTypeName(dtype_) +
                                      " cannot hold " + shape.ToString() + " " + DTypeName(dtype));
@@ -98,8 +205,14 @@ Status KvBlock::Reset(const KvShape& shape, DType dtype) {
 }
 
 float KvBlock::Get(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d) const {
-  const size_t i = size_t{token} * shape_.head_dim + d;
-  const uint8_t* s = slab(layer, part, head);
+  size_t i = size_t{token} * shape_.head_dim + d;
+  const uint8_t* s = nullptr;
+  if (pages_) {
+    s = PagedRow(shape_.slab_index(layer, part, head), token);
+    i = d;
+  } else {
+    s = slab(layer, part, head);
+  }
   switch (dtype_) {
     case DType::kF32: { float f; std::memcpy(&f, s + 4 * i, 4); return f; }
     case DType::kF16: { uint16_t h; std::memcpy(&h, s + 2 * i, 2); return HalfToFloat(h); }
@@ -111,6 +224,10 @@ float KvBlock::Get(uint32_t layer, KvPart part, uint32_t head, uint32_t token, u
 }
 
 void KvBlock::Set(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d, float v) {
+  if (pages_) {
+    ConvertFromF32(dtype_, &v, PagedRow(shape_.slab_index(layer, part, head), token) + DTypeSize(dtype_) * d, 1);
+    return;
+  }
   const size_t i = size_t{token} * shape_.head_dim + d;
   ConvertFromF32(dtype_, &v, slab(layer, part, head) + DTypeSize(dtype_) * i, 1);
 }
@@ -126,15 +243,17 @@ Result<KvBlock> KvBlock::ConvertTo(DType dtype) const {
   }
   const size_t n = shape_.slab_numel();
   std::vector<float> tmp(dtype_ == DType::kF32 || dtype == DType::kF32 ? 0 : n);
+  ByteBuffer scratch;
   for (uint64_t s = 0; s < shape_.n_slab(); ++s) {
+    const uint8_t* src = ReadSlab(s, scratch);
     if (dtype == dtype_) {
-      std::memcpy(out.slab_at(s), slab_at(s), n * DTypeSize(dtype));
+      std::memcpy(out.slab_at(s), src, n * DTypeSize(dtype));
     } else if (dtype_ == DType::kF32) {
-      ConvertFromF32(dtype, reinterpret_cast<const float*>(slab_at(s)), out.slab_at(s), n);
+      ConvertFromF32(dtype, reinterpret_cast<const float*>(src), out.slab_at(s), n);
     } else if (dtype == DType::kF32) {
-      ConvertToF32(dtype_, slab_at(s), reinterpret_cast<float*>(out.slab_at(s)), n);
+      ConvertToF32(dtype_, src, reinterpret_cast<float*>(out.slab_at(s)), n);
     } else {
-      ConvertToF32(dtype_, slab_at(s), tmp.data(), n);
+      ConvertToF32(dtype_, src, tmp.data(), n);
       ConvertFromF32(dtype, tmp.data(), out.slab_at(s), n);
     }
   }
@@ -153,8 +272,9 @@ Result<KvBlock> KvBlock::SliceTokens(uint32_t begin, uint32_t count) const {
   out.token_offset_ = token_offset_ + begin;
   if (!positions_.empty()) out.positions_.assign(positions_.begin() + begin, positions_.begin() + begin + count);
   const size_t row = size_t{shape_.head_dim} * DTypeSize(dtype_);
+  ByteBuffer scratch;
   for (uint64_t i = 0; i < shape_.n_slab(); ++i) {
-    std::memcpy(out.slab_at(i), slab_at(i) + begin * row, count * row);
+    std::memcpy(out.slab_at(i), ReadSlab(i, scratch) + begin * row, count * row);
   }
   return out;
 }
@@ -191,9 +311,10 @@ Result<KvBlock> JoinChunks(const std::vector<KvBlock>& chunks) {
   out.set_token_offset(chunks[0].token_offset());
   const size_t row = size_t{s.head_dim} * DTypeSize(out.dtype());
   size_t t0 = 0;
+  ByteBuffer scratch;
   for (const KvBlock& c : chunks) {
     for (uint64_t i = 0; i < s.n_slab(); ++i) {
-      std::memcpy(out.slab_at(i) + t0 * row, c.slab_at(i), c.shape().n_token * row);
+      std::memcpy(out.slab_at(i) + t0 * row, c.ReadSlab(i, scratch), c.shape().n_token * row);
     }
     t0 += c.shape().n_token;
   }
@@ -208,13 +329,15 @@ Result<KvCompareResult> CompareKv(const KvBlock& reference, const KvBlock& test)
   const KvShape& s = reference.shape();
   const size_t n = s.slab_numel();
   std::vector<float> a(n), b(n);
+  ByteBuffer scratch_a, scratch_b;
   KvCompareResult out;
   for (int part = 0; part < 2; ++part) {
     double sum_ref2 = 0, sum_err2 = 0, sum_abs = 0, max_abs = 0, dot = 0, sum_test2 = 0;
     for (uint32_t l = 0; l < s.n_layer; ++l) {
       for (uint32_t h = 0; h < s.n_head_kv; ++h) {
-        ConvertToF32(reference.dtype(), reference.slab(l, KvPart(part), h), a.data(), n);
-        ConvertToF32(test.dtype(), test.slab(l, KvPart(part), h), b.data(), n);
+        const uint64_t si = s.slab_index(l, KvPart(part), h);
+        ConvertToF32(reference.dtype(), reference.ReadSlab(si, scratch_a), a.data(), n);
+        ConvertToF32(test.dtype(), test.ReadSlab(si, scratch_b), b.data(), n);
         for (size_t i = 0; i < n; ++i) {
           const double r = a[i], t = b[i], e = std::fabs(r - t);
           sum_ref2 += r * r;

@@ -105,6 +105,33 @@ def test_fp8_arrays_round_trip_losslessly():
         kvserve.encode(codes, "none", dtype="e5m2")
 
 
+def test_a_vllm_paged_cache_round_trips_in_place():
+    # vLLM's layout: per layer (2, num_blocks, block_size, n_head_kv, head_dim), a block table.
+    kv = kv_array(n_layer=3, n_token=45)  # (3, 2, H, T, D): the last page partly used
+    n_layer, _, n_head, n_token, head_dim = kv.shape
+    block_size, num_blocks = 16, 12
+    table = [9, 2, 7, 0, 11, 4, 5, 1, 10, 3][: (n_token + block_size - 1) // block_size]
+    layers = [np.full((2, num_blocks, block_size, n_head, head_dim), 7.0, dtype=np.float16) for _ in range(n_layer)]
+    for t in range(n_token):
+        page, row = table[t // block_size], t % block_size
+        for l in range(n_layer):
+            layers[l][:, page, row] = kv[l, :, :, t, :]
+    for spec in ["none", "quant(kbits=4,vbits=4)|rans", "fp8|rans", "fpsplit|rans"]:
+        frame = kvserve.encode_paged(layers, table, n_token, spec)
+        assert frame == kvserve.encode(kv, spec), spec
+        dest = [np.full_like(a, 7.0) for a in layers]
+        kvserve.decode_paged(frame, dest, table)
+        want = kvserve.decode(frame)
+        for t in range(n_token):
+            page, row = table[t // block_size], t % block_size
+            for l in range(n_layer):
+                np.testing.assert_array_equal(dest[l][:, page, row], want[l, :, :, t, :])
+        unused = [p for p in range(num_blocks) if p not in table]
+        assert all((dest[l][:, unused] == 7.0).all() for l in range(n_layer)), "pages outside the table were written"
+    with pytest.raises(kvserve.Error, match="num_blocks"):
+        kvserve.encode_paged(layers, [99] * len(table), n_token, "none")
+
+
 def test_ml_dtypes_fp8_arrays_name_their_format():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     kv = kv_array(dtype=np.float32).astype(ml_dtypes.float8_e4m3fn)
