@@ -220,6 +220,10 @@ class FpSplitStage final : public Stage {
   void EncodeSlab(const uint8_t* src, const SlabLayout& l, uint8_t* dst, Scratch& sc,
                   std::vector<uint8_t>& escapes) const {
     escapes.clear();
+    if (l.n == 0) {  // an empty prompt: only the (zero) bases
+      std::memset(dst + l.bases(), 0, l.head_dim);
+      return;
+    }
     if (l.sym_bits == 8) {  // FP8: the bytes are the symbols
       std::memcpy(dst + l.symbols(), src, l.n);
       std::memset(dst + l.symbols() + l.n, 0, l.n8 - l.n);
@@ -231,6 +235,7 @@ class FpSplitStage final : public Stage {
   }
   void DecodeSlab(const uint8_t* src, const SlabLayout& l, const uint8_t* esc, uint64_t n_esc, uint8_t* dst,
                   Scratch& sc) const {
+    if (l.n == 0) return;
     if (l.sym_bits == 8) {
       std::memcpy(dst, src + l.symbols(), l.n);
       return;

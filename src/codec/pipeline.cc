@@ -131,6 +131,10 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
   if (selects) h.positions.assign(shapes.back().n_token, 0);
   else h.positions = block.positions();
   AppendFrameHeader(h, frame);
+  // Room for a payload as large as the block and the checksum: without it the checksum's append
+  // reallocates an exactly sized payload, copying the frame and holding it twice. Pages never
+  // written are never resident, so the reserve costs address space only.
+  frame->reserve(frame->size() + block.bytes() + 64);
   if (stages_.empty()) {
     const size_t slab_bytes = block.shape().slab_numel() * DTypeSize(block.dtype());
     ByteBuffer gathered;  // a paged block's slab

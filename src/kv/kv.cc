@@ -122,7 +122,7 @@ const uint8_t* KvBlock::ReadSlab(uint64_t slab_index, ByteBuffer& scratch) const
   scratch.resize(size_t(shape_.n_token) * row);
   // Rows are a page row's stride apart (n_head_kv rows of this size): too far for the hardware
   // prefetchers to follow, so the rows a few tokens ahead are fetched by hand.
-  constexpr uint32_t kAhead = 8;
+  constexpr uint32_t kAhead = 16;
   for (uint32_t t = 0; t < shape_.n_token; ++t) {
     if (t + kAhead < shape_.n_token) {
       const uint8_t* next = PagedRow(slab_index, t + kAhead);

@@ -140,10 +140,14 @@ TEST(FpSplit, RefusesBrokenEscapes) {
 }
 
 TEST(FpSplit, AnEmptyPromptRoundTrips) {
-  const KvBlock in = KvBlock::Create(KvShape{2, 2, 0, 16}, DType::kF16).value();
-  KvBlock out;
-  ASSERT_TRUE(DecodeKv(EncodeKv(in, "fpsplit|rans").value(), &out).ok());
-  EXPECT_EQ(out.shape(), in.shape());
+  for (DType dt : {DType::kF16, DType::kBF16, DType::kE4M3, DType::kE5M2}) {
+    const KvBlock in = KvBlock::Create(KvShape{2, 2, 0, 16}, dt).value();
+    for (const std::string& spec : {Split(dt) + "|rans", Split(dt), std::string("fp8|rans"), std::string("fp8(scale=token)")}) {
+      KvBlock out;
+      ASSERT_TRUE(DecodeKv(EncodeKv(in, spec).value(), &out).ok()) << spec;
+      EXPECT_EQ(out.shape(), in.shape());
+    }
+  }
 }
 
 }  // namespace
