@@ -260,9 +260,7 @@ struct EncodeArgs {
   uint32_t token_offset = 0;
 };
 template <typename Run>
-py::bytes EncodeArray(const py::array& kv, bool one_layer, const std::string& strategy, const EncodeArgs& a, Run run) {
-  py::array keep;
-  KvBlock block = BlockOfArray(kv, a.dtype, one_layer, &keep);
+py::bytes EncodeBlock(KvBlock& block, const std::string& strategy, const EncodeArgs& a, Run run) {
   block.set_token_offset(a.token_offset);
   auto pipeline = Pipelines().Get(strategy);
   ByteBuffer frame;
@@ -275,6 +273,12 @@ py::bytes EncodeArray(const py::array& kv, bool one_layer, const std::string& st
     Check(run(*pipeline, block, &frame, o));
   }
   return ToBytes(frame);
+}
+template <typename Run>
+py::bytes EncodeArray(const py::array& kv, bool one_layer, const std::string& strategy, const EncodeArgs& a, Run run) {
+  py::array keep;
+  KvBlock block = BlockOfArray(kv, a.dtype, one_layer, &keep);
+  return EncodeBlock(block, strategy, a, run);
 }
 
 py::bytes Encode(const py::array& kv, const std::string& strategy, std::optional<std::pair<uint32_t, uint32_t>> layers,
@@ -362,17 +366,19 @@ py::bytes EncodePaged(const std::vector<py::array>& layers, const std::vector<ui
                       const std::string& strategy, uint64_t request_id, int threads, std::optional<std::string> dtype,
                       uint32_t token_offset) {
   KvBlock block = PagedOfArrays(layers, block_table, n_token, dtype, false);
-  block.set_token_offset(token_offset);
-  auto pipeline = Pipelines().Get(strategy);
-  ByteBuffer frame;
-  CodecOptions o;
-  o.pool = PoolFor(threads);
-  o.request_id = request_id;
-  {
-    py::gil_scoped_release release;
-    Check(pipeline->Encode(block, &frame, o));
-  }
-  return ToBytes(frame);
+  return EncodeBlock(block, strategy, {request_id, threads, dtype, std::nullopt, token_offset},
+                     [](const Pipeline& p, const KvBlock& b, ByteBuffer* f, const CodecOptions& o) { return p.Encode(b, f, o); });
+}
+
+py::bytes EncodeLayerPaged(const py::array& kv_layer, const std::vector<uint32_t>& block_table, uint32_t n_token,
+                           const std::string& strategy, uint32_t layer, uint32_t n_layer, uint64_t request_id, int threads,
+                           std::optional<std::string> dtype, std::optional<std::vector<float>> scores,
+                           uint32_t token_offset) {
+  KvBlock block = PagedOfArrays({kv_layer}, block_table, n_token, dtype, false);
+  return EncodeBlock(block, strategy, {request_id, threads, dtype, scores, token_offset},
+                     [&](const Pipeline& p, const KvBlock& b, ByteBuffer* f, const CodecOptions& o) {
+                       return p.EncodeLayerSlice(b, layer, n_layer, f, o);
+                     });
 }
 
 void DecodePaged(const py::buffer& frame, const std::vector<py::array>& layers, const std::vector<uint32_t>& block_table,
@@ -408,11 +414,22 @@ py::dict FrameInfo(const py::buffer& frame) {
 // One request's layer frames decoded straight into the caller's array, in any order.
 class PyLayerAssembler {
  public:
-  PyLayerAssembler(uint64_t request_id, py::array out, std::optional<std::string> dtype) : out_(std::move(out)) {
-    if (!out_.writeable()) Throw(Status::InvalidArgument("out is read-only"));
-    auto view = ViewOfArray(out_, DTypeOfArray(out_, dtype), false);
-    if (!view) Throw(Status::InvalidArgument("out must be C-contiguous or a token slice of such an array"));
-    view_ = std::make_unique<KvBlock>(std::move(*view));
+  // `out`: an array (n_layer, 2, n_head_kv, n_token, head_dim); or, with a block table, a paged
+  // cache in vLLM's layout (a list of per-layer arrays, as encode_paged takes) holding n_token tokens.
+  PyLayerAssembler(uint64_t request_id, py::object out, std::optional<std::string> dtype,
+                   std::optional<std::vector<uint32_t>> block_table, std::optional<uint32_t> n_token)
+      : out_(out) {
+    if (block_table) {
+      if (!n_token) Throw(Status::InvalidArgument("a paged LayerAssembler needs n_token"));
+      const std::vector<py::array> layers = out.cast<std::vector<py::array>>();
+      view_ = std::make_unique<KvBlock>(PagedOfArrays(layers, *block_table, *n_token, dtype, true));
+    } else {
+      py::array a = out.cast<py::array>();
+      if (!a.writeable()) Throw(Status::InvalidArgument("out is read-only"));
+      auto view = ViewOfArray(a, DTypeOfArray(a, dtype), false);
+      if (!view) Throw(Status::InvalidArgument("out must be C-contiguous or a token slice of such an array"));
+      view_ = std::make_unique<KvBlock>(std::move(*view));
+    }
     asm_ = std::make_unique<LayerAssembler>(request_id, view_.get(), DefaultCodecEnv());
   }
   void Add(const py::buffer& frame, int threads) {
@@ -428,10 +445,10 @@ class PyLayerAssembler {
   bool has_layer(uint32_t l) const { return asm_->has_layer(l); }
   std::vector<uint32_t> positions() const { return asm_->positions(); }
   uint32_t token_offset() const { return asm_->token_offset(); }
-  const py::array& out() const { return out_; }
+  const py::object& out() const { return out_; }
 
  private:
-  py::array out_;
+  py::object out_;  // keeps the caller's arrays alive
   std::unique_ptr<KvBlock> view_;
   std::unique_ptr<LayerAssembler> asm_;
   std::mutex mu_;
@@ -754,6 +771,12 @@ PYBIND11_MODULE(_kvserve, m) {
         "Encodes a sequence held in a paged cache, vLLM's layout: one C-contiguous array per layer, (2, num_blocks, "
         "block_size, n_head_kv, head_dim), the sequence's n_token tokens in the pages block_table lists. Reads the "
         "pages in place; the frame is byte for byte what encode() gives from the dense array.");
+  m.def("encode_layer_paged", &EncodeLayerPaged, py::arg("kv_layer"), py::arg("block_table"), py::arg("n_token"),
+        py::arg("strategy"), py::arg("layer"), py::arg("n_layer"), py::kw_only(), py::arg("request_id") = 0,
+        py::arg("threads") = 1, py::arg("dtype") = py::none(), py::arg("token_scores") = py::none(),
+        py::arg("token_offset") = 0,
+        "Encodes one layer of a paged cache (2, num_blocks, block_size, n_head_kv, head_dim), layer `layer` of a "
+        "request with n_layer layers, into the frame encode_layer() gives from the dense layer.");
   m.def("decode_paged", &DecodePaged, py::arg("frame"), py::arg("layers"), py::arg("block_table"), py::kw_only(),
         py::arg("threads") = 1, py::arg("dtype") = py::none(),
         "Decodes a frame into a paged cache (vLLM's layout, as encode_paged takes it) in place: the frame's tokens go "
@@ -762,8 +785,10 @@ PYBIND11_MODULE(_kvserve, m) {
 
   py::class_<PyLayerAssembler>(
       m, "LayerAssembler", "Decodes one request's per-layer frames into a caller's array as they arrive, in any order.")
-      .def(py::init<uint64_t, py::array, std::optional<std::string>>(), py::arg("request_id"), py::arg("out"),
-           py::arg("dtype") = py::none())
+      .def(py::init<uint64_t, py::object, std::optional<std::string>, std::optional<std::vector<uint32_t>>,
+                    std::optional<uint32_t>>(),
+           py::arg("request_id"), py::arg("out"), py::arg("dtype") = py::none(), py::kw_only(),
+           py::arg("block_table") = py::none(), py::arg("n_token") = py::none())
       .def("add", &PyLayerAssembler::Add, py::arg("frame"), py::arg("threads") = 1)
       .def_property_readonly("complete", &PyLayerAssembler::complete)
       .def_property_readonly("layers_done", &PyLayerAssembler::layers_done)

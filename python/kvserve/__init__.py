@@ -36,6 +36,7 @@ from ._kvserve import (  # noqa: F401
     detected_simd_tier,
     encode,
     encode_layer,
+    encode_layer_paged,
     encode_paged,
     frame_info,
     message,

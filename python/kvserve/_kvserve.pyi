@@ -62,13 +62,35 @@ def encode_paged(
     dtype: Optional[str] = None,
     token_offset: int = 0,
 ) -> bytes: ...
+def encode_layer_paged(
+    kv_layer: KvArray,
+    block_table: Sequence[int],
+    n_token: int,
+    strategy: str,
+    layer: int,
+    n_layer: int,
+    *,
+    request_id: int = 0,
+    threads: int = 1,
+    dtype: Optional[str] = None,
+    token_scores: Optional[Sequence[float]] = None,
+    token_offset: int = 0,
+) -> bytes: ...
 def decode_paged(
     frame: Buffer, layers: Sequence[KvArray], block_table: Sequence[int], *, threads: int = 1, dtype: Optional[str] = None
 ) -> None: ...
 def frame_info(frame: Buffer) -> Dict[str, Any]: ...
 
 class LayerAssembler:
-    def __init__(self, request_id: int, out: KvArray, dtype: Optional[str] = None) -> None: ...
+    def __init__(
+        self,
+        request_id: int,
+        out: Union[KvArray, Sequence[KvArray]],
+        dtype: Optional[str] = None,
+        *,
+        block_table: Optional[Sequence[int]] = None,
+        n_token: Optional[int] = None,
+    ) -> None: ...
     def add(self, frame: Buffer, threads: int = 1) -> None: ...
     @property
     def complete(self) -> bool: ...
@@ -80,7 +102,7 @@ class LayerAssembler:
     @property
     def token_offset(self) -> int: ...
     @property
-    def out(self) -> KvArray: ...
+    def out(self) -> Union[KvArray, Sequence[KvArray]]: ...
 
 class Decision:
     strategy: str

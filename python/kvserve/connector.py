@@ -37,6 +37,8 @@ class _Save:
     started: float
     layers: Dict[int, np.ndarray] = field(default_factory=dict)
     tokens: Optional[List[int]] = None
+    block_table: Optional[List[int]] = None  # a paged cache: its pages, and the tokens they hold
+    n_token: int = 0
     frame_bytes: int = 0
     busy_seconds: float = 0.0  # encoding and sending, layer by layer
     send_seconds: float = 0.0
@@ -168,13 +170,20 @@ class KVConnector:
         *,
         tokens: Optional[Sequence[int]] = None,
         token_scores: Optional[Sequence[float]] = None,
+        block_table: Optional[Sequence[int]] = None,
+        n_token: Optional[int] = None,
     ) -> None:
         """Queues layer `layer` (an array (2, n_head_kv, n_token, head_dim)) of a request.
 
+        With `block_table` and `n_token`, `kv_layer` is instead the layer of a paged cache in
+        vLLM's layout, (2, num_blocks, block_size, n_head_kv, head_dim), read in place: the
+        request's tokens are in the pages the table lists (the same table for every layer).
         The first layer saved fixes the request's strategy. With a peer, the layer's frame is
         encoded and sent in the background; with a pool and `tokens`, the prompt's full chunks are
         stored once every layer is saved. The array must stay unchanged until wait_for_save().
         """
+        if (block_table is None) != (n_token is None):
+            raise _k.InvalidArgument("block_table and n_token go together (a paged cache)")
         if self.role == "consumer":
             raise _k.InvalidArgument("a consumer connector does not save")
         if not 0 <= layer < self.n_layer:
@@ -182,7 +191,9 @@ class KVConnector:
         with self._lock:
             s = self._saves.get(request_id)
             if s is None:
-                s = self._begin_save(request_id, kv_layer)
+                s = self._begin_save(request_id, kv_layer, n_token)
+                if block_table is not None:
+                    s.block_table, s.n_token = list(block_table), int(n_token)
                 self._saves[request_id] = s
                 self.saved_strategy[request_id] = s.strategy
             if layer in s.layers:
@@ -199,19 +210,24 @@ class KVConnector:
         if last and self._conn is None:
             s.futures.append(self._encoder.submit(self._finish_save, request_id, s))
 
-    def _begin_save(self, request_id: int, kv_layer: np.ndarray) -> _Save:
+    def _begin_save(self, request_id: int, kv_layer: np.ndarray, n_token: Optional[int]) -> _Save:
         decision = None
         strategy = self.strategy
         if self.controller is not None:
-            fp16_bytes = kv_layer.size * 2 * self.n_layer
+            per_layer = kv_layer.size if n_token is None else 2 * n_token * kv_layer.shape[3] * kv_layer.shape[4]
+            fp16_bytes = per_layer * 2 * self.n_layer
             decision = self.controller.decide(fp16_bytes, self.bandwidth_gbps, self.slo, self.floor, self.label)
             strategy = decision.strategy
         return _Save(strategy=strategy, decision=decision, started=time.monotonic())
 
     def _send_layer(self, request_id, s: _Save, layer, kv_layer, scores, last) -> None:
         t0 = time.monotonic()
-        frame = _k.encode_layer(kv_layer, s.strategy, layer, self.n_layer, request_id=request_id,
-                                threads=self.threads, token_scores=scores)
+        if s.block_table is not None:
+            frame = _k.encode_layer_paged(kv_layer, s.block_table, s.n_token, s.strategy, layer, self.n_layer,
+                                          request_id=request_id, threads=self.threads, token_scores=scores)
+        else:
+            frame = _k.encode_layer(kv_layer, s.strategy, layer, self.n_layer, request_id=request_id,
+                                    threads=self.threads, token_scores=scores)
         t1 = time.monotonic()
         self._conn.send(_k.message.FRAME, frame, self.timeout_s)
         t2 = time.monotonic()
@@ -237,6 +253,8 @@ class KVConnector:
             self._lock.notify_all()
 
     def _store_chunks(self, s: _Save) -> None:
+        if s.block_table is not None:
+            return self._store_paged_chunks(s)
         kv = np.stack([s.layers[i] for i in range(self.n_layer)])
         chain = _k.prefix_chain_hashes(self.model_id, s.tokens, self.chunk_tokens)
         n_full = min(len(chain), kv.shape[3] // self.chunk_tokens)
@@ -248,6 +266,25 @@ class KVConnector:
             t0 = c * self.chunk_tokens
             chunk = kv[:, :, :, t0:t0 + self.chunk_tokens]
             self.pool.put(keys[c], _k.encode(chunk, s.strategy, threads=self.threads, token_offset=t0))
+
+    def _store_paged_chunks(self, s: _Save) -> None:
+        # A chunk is whole pages (chunk_tokens a multiple of block_size): encoded from its slice of
+        # the block table, in place, into the frame the dense path stores under the same key.
+        layers = [s.layers[i] for i in range(self.n_layer)]
+        block_size = layers[0].shape[2]
+        if self.chunk_tokens % block_size:
+            raise _k.InvalidArgument(f"chunk_tokens {self.chunk_tokens} is not a multiple of block_size {block_size}")
+        per_chunk = self.chunk_tokens // block_size
+        chain = _k.prefix_chain_hashes(self.model_id, s.tokens, self.chunk_tokens)
+        n_full = min(len(chain), s.n_token // self.chunk_tokens)
+        keys = [_k.chunk_key(self.model_id, chain, c, s.strategy, self.chunk_tokens) for c in range(n_full)]
+        present = self.pool.exists(keys) if keys else []
+        for c in range(n_full):
+            if not present[c]:
+                table = s.block_table[c * per_chunk:(c + 1) * per_chunk]
+                frame = _k.encode_paged(layers, table, self.chunk_tokens, s.strategy, threads=self.threads,
+                                        token_offset=c * self.chunk_tokens)
+                self.pool.put(keys[c], frame)
 
     def wait_for_save(self) -> None:
         """Blocks until every queued layer is sent and every chunk stored; raises the first error."""
@@ -350,18 +387,36 @@ class KVConnector:
             best = max(best, (n, strategy))
         return best
 
-    def start_load_kv(self, request_id: int, kv_cache: np.ndarray, *, tokens: Optional[Sequence[int]] = None) -> int:
+    def start_load_kv(
+        self,
+        request_id: int,
+        kv_cache,
+        *,
+        tokens: Optional[Sequence[int]] = None,
+        block_table: Optional[Sequence[int]] = None,
+        n_token: Optional[int] = None,
+    ) -> int:
         """Starts filling `kv_cache` (n_layer, 2, n_head_kv, n_token, head_dim) for a request.
 
-        With `tokens` and a pool, the prefix the pool holds is decoded into the cache's first
-        tokens (in place, chunk by chunk) and its length returned. Otherwise the request's layers
-        come from the producer and are decoded into the cache as they arrive; returns 0.
+        With `block_table`, `kv_cache` is instead a paged cache in vLLM's layout (a list of
+        per-layer arrays (2, num_blocks, block_size, n_head_kv, head_dim)) written in place: the
+        request's n_token tokens go to the pages the table lists (from the pool: as many as it
+        holds). With `tokens` and a pool, the prefix the pool holds is decoded into the cache's
+        first tokens (in place, chunk by chunk) and its length returned. Otherwise the request's
+        layers come from the producer and are decoded into the cache as they arrive; returns 0.
         """
         if self.role == "producer":
             raise _k.InvalidArgument("a producer connector does not load")
         if tokens is not None and self.pool is not None:
+            if block_table is not None:
+                return self._load_paged_from_pool(request_id, kv_cache, list(block_table), list(tokens))
             return self._load_from_pool(request_id, kv_cache, list(tokens))
-        assembler = _k.LayerAssembler(request_id, kv_cache)
+        if block_table is not None:
+            if n_token is None:
+                raise _k.InvalidArgument("a paged load from the producer needs n_token")
+            assembler = _k.LayerAssembler(request_id, list(kv_cache), block_table=list(block_table), n_token=n_token)
+        else:
+            assembler = _k.LayerAssembler(request_id, kv_cache)
         with self._lock:
             load = self._loads.setdefault(request_id, _Load())
             load.assembler = assembler
@@ -371,17 +426,35 @@ class KVConnector:
         return 0
 
     def _load_from_pool(self, request_id: int, kv_cache: np.ndarray, tokens: List[int]) -> int:
+        def decode(c: int, frame: bytes) -> None:
+            t0 = c * self.chunk_tokens
+            _k.decode(frame, out=kv_cache[:, :, :, t0:t0 + self.chunk_tokens], threads=self.threads)
+
+        return self._load_chunks(request_id, tokens, kv_cache.shape[3] // self.chunk_tokens, decode)
+
+    def _load_paged_from_pool(self, request_id: int, layers, block_table: List[int], tokens: List[int]) -> int:
+        block_size = layers[0].shape[2]
+        if self.chunk_tokens % block_size:
+            raise _k.InvalidArgument(f"chunk_tokens {self.chunk_tokens} is not a multiple of block_size {block_size}")
+        per_chunk = self.chunk_tokens // block_size
+
+        def decode(c: int, frame: bytes) -> None:
+            _k.decode_paged(frame, layers, block_table[c * per_chunk:(c + 1) * per_chunk], threads=self.threads)
+
+        return self._load_chunks(request_id, tokens, len(block_table) // per_chunk, decode)
+
+    def _load_chunks(self, request_id: int, tokens: List[int], room: int, decode) -> int:
+        """Decodes the prompt's leading chunks the pool holds (at most `room`) with decode(c, frame)."""
         chain = _k.prefix_chain_hashes(self.model_id, tokens, self.chunk_tokens)
-        n, strategy = self._matched_chunks(chain, min(len(chain), kv_cache.shape[3] // self.chunk_tokens))
+        n, strategy = self._matched_chunks(chain, min(len(chain), room))
         keys = [_k.chunk_key(self.model_id, chain, c, strategy, self.chunk_tokens) for c in range(n)]
         frames = self.pool.get_many(keys) if keys else []
         loaded = 0
         for c, frame in enumerate(frames):
             if frame is None:
                 break  # evicted since the lookup: the engine recomputes the rest
-            t0 = c * self.chunk_tokens
-            _k.decode(frame, out=kv_cache[:, :, :, t0:t0 + self.chunk_tokens], threads=self.threads)
-            loaded = t0 + self.chunk_tokens
+            decode(c, frame)
+            loaded = (c + 1) * self.chunk_tokens
         with self._lock:
             load = self._loads.setdefault(request_id, _Load())
             load.pool_done, load.loaded_tokens = True, loaded

@@ -444,6 +444,7 @@ void FloatToFp8Fast(DType dtype, const float* src, uint8_t* dst, size_t n) {
 }  // namespace
 
 void ConvertToFp8Scaled(DType src_dtype, const void* src, float mul, DType fp8, uint8_t* dst, size_t n) {
+  if (n == 0) return;  // an empty prompt: its buffers may be null
   if (src_dtype == DType::kF16) {
     const uint16_t* h = static_cast<const uint16_t*>(src);
     Fp8Dispatch(
@@ -461,6 +462,7 @@ void ConvertToFp8Scaled(DType src_dtype, const void* src, float mul, DType fp8, 
 }
 
 void ConvertFromFp8Scaled(DType fp8, const uint8_t* src, float mul, DType dst_dtype, void* dst, size_t n) {
+  if (n == 0) return;
   if (dst_dtype == DType::kF16) {
     uint16_t* h = static_cast<uint16_t*>(dst);
     Fp8Dispatch(

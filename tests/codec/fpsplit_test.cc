@@ -148,6 +148,11 @@ TEST(FpSplit, AnEmptyPromptRoundTrips) {
       EXPECT_EQ(out.shape(), in.shape());
     }
   }
+  const KvBlock f32 = KvBlock::Create(KvShape{1, 2, 0, 8}, DType::kF32).value();
+  for (const char* spec : {"fp8|rans", "fp8(scale=token)", "cast(dtype=e5m2)"}) {
+    KvBlock out;
+    ASSERT_TRUE(DecodeKv(EncodeKv(f32, spec).value(), &out).ok()) << spec;
+  }
 }
 
 }  // namespace

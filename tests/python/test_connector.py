@@ -103,6 +103,60 @@ def test_pool_holds_prompt_chunks_for_a_later_request():
     assert pool.get(kvserve.chunk_key("test-model", chain, 1, spec, 256)) is not None
 
 
+def to_pages(kv, table, block_size, num_blocks, fill):
+    """A dense (n_layer, 2, H, T, D) array laid out as vLLM's paged cache: per-layer arrays."""
+    n_layer, _, n_head, n_token, dim = kv.shape
+    layers = [np.full((2, num_blocks, block_size, n_head, dim), fill, dtype=kv.dtype) for _ in range(n_layer)]
+    for t in range(n_token):
+        for l in range(n_layer):
+            layers[l][:, table[t // block_size], t % block_size] = kv[l, :, :, t, :]
+    return layers
+
+
+def from_pages(layers, table, block_size, n_token):
+    return np.stack([np.stack([l[:, table[t // block_size], t % block_size] for t in range(n_token)], axis=2)
+                     for l in layers])
+
+
+def test_paged_caches_stream_and_pool_in_place():
+    # vLLM's layout on both sides: a producer saves layers of a paged cache, a consumer in this
+    # process decodes them into its own pages; the pool path stores and loads whole pages.
+    n_layer, n_head, n_token, dim, bs = 3, 2, 600, 16, 16
+    kv = kv_array(n_layer, n_head, n_token, dim, seed=9)
+    table = list(np.random.default_rng(3).permutation(48))[:38]  # 38 pages of 16 hold 600 tokens
+    src = to_pages(kv, table, bs, 48, 0.0)
+    spec = "quant(kbits=4,vbits=4)|rans"
+    pool = kvserve.Pool("embedded", capacity_bytes=256 << 20)
+    tokens = list(range(5, 5 + n_token))
+    with kvserve.KVConnector("consumer", n_layer=n_layer, listen="127.0.0.1:0", pool=pool, strategy=spec,
+                             model_id="m") as cons:
+        with kvserve.KVConnector("producer", n_layer=n_layer, peer=f"127.0.0.1:{cons.port}", pool=pool,
+                                 strategy=spec, model_id="m") as prod:
+            dst_table = table[::-1]  # the consumer's pages differ
+            dst = [np.full_like(l, 5.0) for l in src]
+            cons.start_load_kv(4, dst, block_table=dst_table, n_token=n_token)
+            for layer in range(n_layer):
+                prod.save_kv_layer(4, layer, src[layer], tokens=tokens, block_table=table, n_token=n_token)
+            prod.wait_for_save()
+            cons.wait_for_load(4, timeout_s=10)
+        want = expected_cache(kv, spec, 4)
+        np.testing.assert_array_equal(from_pages(dst, dst_table, bs, n_token), want)
+        unused = [p for p in range(48) if p not in table]
+        assert all((l[:, unused] == 5.0).all() for l in dst), "pages outside the table were written"
+        # The pool holds the prompt's two full chunks under the dense path's keys and frames.
+        chain = kvserve.prefix_chain_hashes("m", tokens, 256)
+        for c in range(2):
+            frame = pool.get(kvserve.chunk_key("m", chain, c, spec, 256))
+            assert frame == kvserve.encode(kv[:, :, :, c * 256:(c + 1) * 256], spec, token_offset=c * 256)
+        cache = [np.full_like(l, 3.0) for l in src]
+        assert cons.start_load_kv(5, cache, tokens=tokens, block_table=table) == 512
+        got = from_pages(cache, table, bs, 512)
+        for c in range(2):
+            chunk = kvserve.decode(pool.get(kvserve.chunk_key("m", chain, c, spec, 256)))
+            np.testing.assert_array_equal(got[:, :, :, c * 256:(c + 1) * 256], chunk)
+        assert all((l[:, table[32:]] == 3.0).all() for l in cache)  # pages past the loaded prefix
+
+
 def test_corrupt_frame_fails_the_load_with_the_reason():
     kv = kv_array(*SHAPE, seed=3)
     with kvserve.KVConnector("consumer", n_layer=SHAPE[0], listen="127.0.0.1:0", timeout_s=10) as cons:
