@@ -169,7 +169,8 @@ Result<PagedMeasurement> MeasurePaged(const KvBlock& block, std::string_view spe
   m.spec = p.spec();
   m.cache_bytes = uint64_t(shape.n_layer) * layer_bytes;
   const double gb = double(block.bytes()) / 1e9;
-  // Paged first, alone in memory beside the cache: what it adds is what the codec needs.
+  // Paged first: what these runs add to the resident memory (the cache and `block` are already
+  // there) is what encoding from and decoding into the pages needs.
   ByteBuffer frame, dense_frame;
   const bool reset = ResetPeakResident();
   const int64_t before = ResidentBytes().first;

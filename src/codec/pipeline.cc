@@ -133,8 +133,9 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
   AppendFrameHeader(h, frame);
   // Room for a payload as large as the block and the checksum: without it the checksum's append
   // reallocates an exactly sized payload, copying the frame and holding it twice. Pages never
-  // written are never resident, so the reserve costs address space only.
-  frame->reserve(frame->size() + block.bytes() + 64);
+  // written are never resident, so the reserve costs address space only (capped at 1 GiB, so a
+  // huge block does not ask for a second block's worth of it at once).
+  frame->reserve(frame->size() + std::min<size_t>(block.bytes(), size_t{1} << 30) + 64);
   if (stages_.empty()) {
     const size_t slab_bytes = block.shape().slab_numel() * DTypeSize(block.dtype());
     ByteBuffer gathered;  // a paged block's slab
