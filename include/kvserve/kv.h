@@ -152,7 +152,6 @@ class KvBlock {
   void WroteSlab(uint64_t slab_index, const uint8_t* written);
   // Token `token`'s [head_dim] row of slab `slab_index`, in any layout.
   const uint8_t* TokenRow(uint64_t slab_index, uint32_t token) const;
-  const KvPages* pages() const { return pages_.get(); }
 
   float* f32() { return reinterpret_cast<float*>(data()); }
   const float* f32() const { return reinterpret_cast<const float*>(data()); }

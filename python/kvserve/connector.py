@@ -268,13 +268,10 @@ class KVConnector:
             self.pool.put(keys[c], _k.encode(chunk, s.strategy, threads=self.threads, token_offset=t0))
 
     def _store_paged_chunks(self, s: _Save) -> None:
-        # A chunk is whole pages (chunk_tokens a multiple of block_size): encoded from its slice of
-        # the block table, in place, into the frame the dense path stores under the same key.
+        # Each chunk encoded in place from its slice of the block table, into the frame the dense
+        # path stores under the same key.
         layers = [s.layers[i] for i in range(self.n_layer)]
-        block_size = layers[0].shape[2]
-        if self.chunk_tokens % block_size:
-            raise _k.InvalidArgument(f"chunk_tokens {self.chunk_tokens} is not a multiple of block_size {block_size}")
-        per_chunk = self.chunk_tokens // block_size
+        per_chunk = self._pages_per_chunk(layers)
         chain = _k.prefix_chain_hashes(self.model_id, s.tokens, self.chunk_tokens)
         n_full = min(len(chain), s.n_token // self.chunk_tokens)
         keys = [_k.chunk_key(self.model_id, chain, c, s.strategy, self.chunk_tokens) for c in range(n_full)]
@@ -432,11 +429,15 @@ class KVConnector:
 
         return self._load_chunks(request_id, tokens, kv_cache.shape[3] // self.chunk_tokens, decode)
 
-    def _load_paged_from_pool(self, request_id: int, layers, block_table: List[int], tokens: List[int]) -> int:
+    def _pages_per_chunk(self, layers) -> int:
+        """Pages of a pool chunk: a chunk is whole pages of the paged cache."""
         block_size = layers[0].shape[2]
         if self.chunk_tokens % block_size:
             raise _k.InvalidArgument(f"chunk_tokens {self.chunk_tokens} is not a multiple of block_size {block_size}")
-        per_chunk = self.chunk_tokens // block_size
+        return self.chunk_tokens // block_size
+
+    def _load_paged_from_pool(self, request_id: int, layers, block_table: List[int], tokens: List[int]) -> int:
+        per_chunk = self._pages_per_chunk(layers)
 
         def decode(c: int, frame: bytes) -> None:
             _k.decode_paged(frame, layers, block_table[c * per_chunk:(c + 1) * per_chunk], threads=self.threads)

@@ -159,12 +159,15 @@ Result<PagedMeasurement> MeasurePaged(const KvBlock& block, std::string_view spe
     pages.layer_base.push_back(memory[l].data());
   }
   KV_ASSIGN_OR_RETURN(KvBlock cache, KvBlock::PagedView(shape, block.dtype(), std::move(pages)));
-  ByteBuffer scratch;
-  for (uint64_t sl = 0; sl < shape.n_slab(); ++sl) {
-    uint8_t* dst = cache.SlabToWrite(sl, scratch);
-    std::memcpy(dst, block.slab_at(sl), shape.slab_numel() * DTypeSize(block.dtype()));
-    cache.WroteSlab(sl, dst);
-  }
+  auto fill = [&] {  // the block's values into the pages
+    ByteBuffer scratch;
+    for (uint64_t sl = 0; sl < shape.n_slab(); ++sl) {
+      uint8_t* dst = cache.SlabToWrite(sl, scratch);
+      std::memcpy(dst, block.slab_at(sl), shape.slab_numel() * DTypeSize(block.dtype()));
+      cache.WroteSlab(sl, dst);
+    }
+  };
+  fill();
   PagedMeasurement m;
   m.spec = p.spec();
   m.cache_bytes = uint64_t(shape.n_layer) * layer_bytes;
@@ -186,11 +189,7 @@ Result<PagedMeasurement> MeasurePaged(const KvBlock& block, std::string_view spe
                                                     [&] { return p.Decode(dense_frame, &out, co); }));
   // The last paged encode read pages that already held a decoded frame; encode them once more
   // from the original values to compare frames.
-  for (uint64_t sl = 0; sl < shape.n_slab(); ++sl) {
-    uint8_t* dst = cache.SlabToWrite(sl, scratch);
-    std::memcpy(dst, block.slab_at(sl), shape.slab_numel() * DTypeSize(block.dtype()));
-    cache.WroteSlab(sl, dst);
-  }
+  fill();
   KV_RETURN_IF_ERROR(p.Encode(cache, &frame, co));
   KV_RETURN_IF_ERROR(p.Encode(block, &dense_frame, co));
   m.same_frame = frame == dense_frame;

@@ -281,8 +281,7 @@ class FpSplitStage final : public Stage {
     std::memset(top + n, 0, l.n8 - n);
     quant::PackCodes(sym, l.n8, kSymbolBits, dst + l.symbols());
     if (l.top_bits) quant::PackCodes(top, l.n8, l.top_bits, dst + l.top());
-    escapes.clear();
-    if (n_escape == 0) return;
+    if (n_escape == 0) return;  // EncodeSlab cleared `escapes`
     escapes.reserve(size_t{n_escape} * kEscapeBytes);
     for (const uint8_t* at = sym; (at = static_cast<const uint8_t*>(std::memchr(at, 0, sym + n - at))) != nullptr;
          ++at) {

@@ -146,18 +146,19 @@ void KvBlock::WroteSlab(uint64_t slab_index, const uint8_t* written) {
   // Decoded rows are written once and not read back soon: non-temporal stores skip reading each
   // destination line first (what the dense path's streaming stores do), where rows are 16-byte
   // multiples at 16-byte aligned addresses (an engine's cache is).
-  if (row % 16 == 0 && reinterpret_cast<uintptr_t>(written) % 16 == 0) {
-    bool aligned = true;
-    for (uint32_t t = 0; t < shape_.n_token && aligned; ++t) aligned = reinterpret_cast<uintptr_t>(PagedRow(slab_index, t)) % 16 == 0;
-    if (aligned) {
-      for (uint32_t t = 0; t < shape_.n_token; ++t) {
-        __m128i* dst = reinterpret_cast<__m128i*>(PagedRow(slab_index, t));
-        const __m128i* src = reinterpret_cast<const __m128i*>(written + t * row);
-        for (size_t i = 0; i < row / 16; ++i) _mm_stream_si128(dst + i, _mm_load_si128(src + i));
-      }
-      _mm_sfence();
-      return;
+  // Every row of the slab starts a whole number of rows after its part's base, so the rows are
+  // aligned when the row size, that base and the written slab are.
+  const uint64_t H = shape_.n_head_kv, part = (slab_index / H) % 2;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(pages_->layer_base[slab_index / (2 * H)]) +
+                         part * pages_->part_stride * DTypeSize(dtype_);
+  if (row % 16 == 0 && base % 16 == 0 && reinterpret_cast<uintptr_t>(written) % 16 == 0) {
+    for (uint32_t t = 0; t < shape_.n_token; ++t) {
+      __m128i* dst = reinterpret_cast<__m128i*>(PagedRow(slab_index, t));
+      const __m128i* src = reinterpret_cast<const __m128i*>(written + t * row);
+      for (size_t i = 0; i < row / 16; ++i) _mm_stream_si128(dst + i, _mm_load_si128(src + i));
     }
+    _mm_sfence();
+    return;
   }
 #endif
   for (uint32_t t = 0; t < shape_.n_token; ++t) std::memcpy(PagedRow(slab_index, t), written + t * row, row);
