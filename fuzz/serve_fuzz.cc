@@ -1,10 +1,12 @@
 // libFuzzer target: arbitrary bytes as each serving parser's input — the HTTP request JSON
-// (ParseServeRequest, the router's RouteRequest) and the decode port's request, resend, result
-// and error messages, and the benchmark driver's reading of a node's answer
+// (ParseServeRequest, the router's RouteRequest, the OpenAI API's completion and chat bodies) and
+// the decode port's request, resend, tokens, result and error messages, and the benchmark
+// driver's reading of a node's answer
 // (ServeResponseFromJson). Each must fail with a status or give values within the limits it was
 // given: token ids below the vocabulary, a resend list of distinct frames the request has, no
 // more tokens than were asked for, a forwarded body that a node parses again, non-negative ids
-// and timings in an answer.
+// and timings in an answer; an OpenAI body's prompt and tokens within the context, and its
+// completion text the same handed out token by token as whole.
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -13,6 +15,7 @@
 
 #include "kvserve/serve.h"
 #include "kvserve/testbed.h"
+#include "serve/openai.h"
 #include "serve/wire.h"
 
 namespace {
@@ -63,6 +66,44 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (result->tokens.size() > 16 || !(result->decode_s >= 0) || !(result->generate_s >= 0)) __builtin_trap();
     for (int t : result->tokens)
       if (t < 0 || uint32_t(t) >= kVocab) __builtin_trap();
+  }
+  auto streamed = serve_internal::ParseTokensMessage(bytes, 4, kVocab);
+  if (streamed.ok()) {
+    if (streamed->empty() || streamed->size() > 4) __builtin_trap();
+    for (int t : *streamed)
+      if (t < 0 || uint32_t(t) >= kVocab) __builtin_trap();
+  }
+  for (bool chat : {false, true}) {
+    serve_internal::OpenAiModel model;
+    model.id = "m";
+    model.tokenizer = &SmallTokenizer();
+    model.context = 80;
+    model.max_prompt = kMaxPrompt;
+    serve_internal::OpenAiRequest oreq;
+    serve_internal::OpenAiError err;
+    if (!serve_internal::ParseOpenAiRequest(text, chat, model, &oreq, &err)) {
+      if (err.status != 400 && err.status != 404) __builtin_trap();
+      if (nlohmann::json::parse(err.Json(), nullptr, false).is_discarded()) __builtin_trap();
+      continue;
+    }
+    const ServeRequest& s = oreq.serve;
+    if (s.prompt.empty() || s.prompt.size() > kMaxPrompt || s.max_new_tokens == 0 ||
+        s.prompt.size() + s.max_new_tokens > model.context || !(s.sampling.temperature >= 0 && s.sampling.temperature <= 2) ||
+        !(s.sampling.top_p > 0 && s.sampling.top_p <= 1) || oreq.stop.size() > 4) {
+      __builtin_trap();
+    }
+    // The prompt's own tokens as if generated: pieces handed out as they come join to the whole.
+    serve_internal::CompletionText whole(&SmallTokenizer(), oreq.stop), pieces(&SmallTokenizer(), oreq.stop);
+    std::string joined;
+    for (int t : s.prompt) {
+      const bool more = pieces.Add(t);
+      joined += pieces.TakeReady();
+      if (!more) break;
+    }
+    joined += pieces.TakeRest();
+    for (int t : s.prompt)
+      if (!whole.Add(t)) break;
+    if (joined != whole.TakeRest()) __builtin_trap();
   }
   (void)serve_internal::ParseErrorMessage(bytes);
   auto answer = ServeResponseFromJson(text);

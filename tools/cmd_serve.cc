@@ -1,11 +1,12 @@
-// CLI: `serve decode|prefill|router` — the PD serving processes. Decode nodes take KV over the
-// transport; the prefill node and the router speak HTTP+JSON (cpp-httplib) and export /metrics.
-#include <httplib.h>
+// CLI: `serve decode|prefill|pool|router` — the serving processes. Decode nodes take KV over the
+// transport; prefill and pool nodes and the router speak HTTP (serve/http_api.h: /generate, the
+// OpenAI API, /health, /metrics) on the asynchronous front of serve/http_server.h.
 #include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
 #include <cstring>
+#include <ctime>
 #include <cstdio>
 #include <memory>
 #include <functional>
@@ -17,6 +18,8 @@
 #include "kvserve/serve.h"
 #include "kvserve/testbed.h"
 #include "model_flags.h"
+#include "serve/http_api.h"
+#include "serve/http_server.h"
 #include "serve/wire.h"
 
 namespace kvserve::cli {
@@ -48,60 +51,42 @@ void BlockStopSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-// Binds an HTTP server to "host:port" (port 0: a free one) and says where, on stdout, in a form
-// scripts and tests read: "listening on HOST:PORT".
-Result<int> BindHttp(httplib::Server& svr, const std::string& address, const char* role) {
+// HTTP front options every serving process takes.
+struct HttpFlags {
+  uint32_t max_connections = serve_internal::HttpServerOptions{}.max_connections;
+  uint32_t threads = serve_internal::HttpServerOptions{}.handler_threads;
+  double request_deadline_s = serve_internal::HttpServerOptions{}.request_deadline_s;
+  void Add(CLI::App* c) {
+    c->add_option("--http-max-connections", max_connections, "HTTP connections open at once; one more is answered 503")
+        ->capture_default_str()->check(InRange(1, 1 << 20));
+    c->add_option("--http-threads", threads, "HTTP requests handled at once (more wait in line)")
+        ->capture_default_str()->check(InRange(1, 4096));
+    c->add_option("--http-request-deadline", request_deadline_s, "seconds a request's header and body may take to arrive")
+        ->capture_default_str()->check(InRange(0.01, 3600));
+  }
+  serve_internal::HttpServerOptions Options(const std::string& role, size_t max_body) const {
+    return {.name = "kvserve-" + role, .max_body_bytes = max_body, .request_deadline_s = request_deadline_s,
+            .max_connections = max_connections, .handler_threads = threads};
+  }
+};
+
+// Serves `server` on `address` until SIGINT/SIGTERM, saying where on stdout in the form scripts
+// and tests read: "ROLE listening on HOST:PORT".
+Status ServeHttpUntilSignal(serve_internal::HttpServer& server, const std::string& address, const char* role) {
   std::string host;
   uint16_t port;
   KV_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
-  int bound = port == 0 ? svr.bind_to_any_port(host) : (svr.bind_to_port(host, port) ? port : -1);
-  if (bound <= 0) return Status::IoError(std::string(role) + ": cannot listen on " + address);
-  std::printf("%s listening on %s:%d\n", role, host.c_str(), bound);
+  KV_ASSIGN_OR_RETURN(uint16_t bound, server.Start(address));
+  std::printf("%s listening on %s:%u\n", role, host.c_str(), unsigned(bound));
   std::fflush(stdout);
-  return bound;
-}
-
-// Serves `svr` on `address` until SIGINT/SIGTERM.
-Status ServeHttpUntilSignal(httplib::Server& svr, const std::string& address, const char* role) {
-  KV_ASSIGN_OR_RETURN(int port, BindHttp(svr, address, role));
-  (void)port;
-  std::thread http([&] { svr.listen_after_bind(); });
   WaitForStopSignal();
-  svr.stop();
-  http.join();
+  server.Stop();
   return Status::Ok();
 }
 
-int HttpStatusFor(const Status& st) {
-  switch (st.code()) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange:
-    case StatusCode::kNotFound: return 400;
-    case StatusCode::kUnavailable: return 503;
-    default: return 500;
-  }
-}
-
-using serve_internal::Dump;  // JSON text that never throws on bytes that are not UTF-8
-
-void ReplyError(httplib::Response& res, const Status& st) {
-  res.status = HttpStatusFor(st);
-  res.set_content(Dump(json{{"error", st.ToString()}}) + "\n", "application/json");
-}
-
-// A handler that throws answers 500 with the reason in JSON — not cpp-httplib's default, which
-// puts the exception text in a response header — and the server goes on.
-void AnswerExceptions(httplib::Server& svr) {
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string why = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      why = e.what();
-    } catch (...) {
-    }
-    ReplyError(res, Status::Internal("request failed: " + why));
-  });
+std::function<void(const std::string&)> LogTo(LogLevel level, LogLevel at_least) {
+  if (level < at_least) return nullptr;
+  return [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
 }
 
 // What a serving process runs: a real model (-m), or the synthetic stand-in of a production
@@ -134,6 +119,16 @@ struct NodeModel {
   std::unique_ptr<SyntheticModel> synthetic;
   const Tokenizer* tokenizer() const { return model ? &model->tokenizer : nullptr; }
   uint32_t max_prompt() const { return model ? model->config.seq_len - 1 : synthetic->max_prompt_tokens; }
+  serve_internal::OpenAiModel Api() const {
+    serve_internal::OpenAiModel m;
+    m.id = model ? model->name : synthetic->name;
+    m.tokenizer = tokenizer();
+    m.max_prompt = max_prompt();
+    // A stand-in generates as many tokens as asked: its context is its longest prompt and as many more.
+    m.context = model ? model->config.seq_len : 2 * synthetic->max_prompt_tokens;
+    m.created = int64_t(std::time(nullptr));
+    return m;
+  }
   std::string Describe() const {
     if (model) return "model " + model->name;
     return "synthetic " + synthetic->name + " on " + synthetic->gpu + (synthetic->tensor_parallel > 1 ? " x" + std::to_string(synthetic->tensor_parallel) : "") +
@@ -169,21 +164,21 @@ Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std:
   std::printf("decode listening on %s:%u\n", host.c_str(), unsigned(node.port()));
   std::fflush(stdout);
   if (log != LogLevel::kQuiet) std::fprintf(stderr, "decode node: %s, transport tcp\n", model.Describe().c_str());
-  httplib::Server svr;
-  std::thread http;
+  serve_internal::HttpServer http({.name = "kvserve-decode", .max_body_bytes = 0});
   if (!metrics_listen.empty()) {
-    svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-      res.set_content(node.metrics().Prometheus("decode"), "text/plain; version=0.0.4");
+    http.Handle("GET", "/metrics", [&](serve_internal::HttpExchange& ex) {
+      ex.Reply(200, "text/plain; version=0.0.4", node.metrics().Prometheus("decode"));
     });
-    KV_ASSIGN_OR_RETURN(int mport, BindHttp(svr, metrics_listen, "decode metrics"));
-    (void)mport;
-    http = std::thread([&] { svr.listen_after_bind(); });
+    http.Handle("GET", "/health", [](serve_internal::HttpExchange& ex) { ex.Reply(200, "application/json", "{\"status\":\"ok\"}\n"); });
+    std::string mhost;
+    uint16_t mport;
+    KV_RETURN_IF_ERROR(ParseHostPort(metrics_listen, &mhost, &mport));
+    KV_ASSIGN_OR_RETURN(uint16_t bound, http.Start(metrics_listen));
+    std::printf("decode metrics listening on %s:%u\n", mhost.c_str(), unsigned(bound));
+    std::fflush(stdout);
   }
   WaitForStopSignal();
-  if (http.joinable()) {
-    svr.stop();
-    http.join();
-  }
+  http.Stop();
   node.Stop();
   if (log != LogLevel::kQuiet) {
     std::fprintf(stderr, "decode node: stopped after %llu requests\n", (unsigned long long)node.metrics().requests.load());
@@ -191,51 +186,22 @@ Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std:
   return Status::Ok();
 }
 
-// The HTTP API of a node that serves requests itself (prefill, pool): POST /generate, GET
-// /metrics (Prometheus, with the estimator's bandwidth and latency), GET /health; a JSON log
-// line per request.
-void AddNodeRoutes(httplib::Server& svr, const NodeModel& model, LogLevel log, const std::string& role,
-                   std::function<Result<ServeResponse>(const ServeRequest&)> serve, std::function<std::string()> metrics,
-                   std::function<double()> bandwidth_gbps, std::function<double()> latency_seconds) {
-  auto next_id = std::make_shared<std::atomic<uint64_t>>(1);
-  // The longest body a valid request can have: its prompt as text (every token at most the
-  // longest piece, escaped) or as ids, and the other fields.
-  const Tokenizer* tokenizer = model.tokenizer();
-  const uint32_t max_prompt = model.max_prompt();
-  svr.set_payload_max_length(size_t(max_prompt) * std::max<size_t>(12, tokenizer ? 6 * tokenizer->max_piece_bytes() : 0) +
-                             (64 << 10));
-  AnswerExceptions(svr);
-  svr.Post("/generate", [tokenizer, max_prompt, log, serve, next_id](const httplib::Request& req, httplib::Response& res) {
-    auto parsed = ParseServeRequest(req.body, tokenizer, max_prompt);
-    if (!parsed.ok()) return ReplyError(res, parsed.status());
-    ServeRequest r = std::move(parsed).value();
-    if (r.id == 0) r.id = (*next_id)++;
-    auto out = serve(r);
-    if (!out.ok()) {
-      if (log != LogLevel::kQuiet) std::fprintf(stderr, "%s\n", Dump(json{{"id", r.id}, {"error", out.status().ToString()}}).c_str());
-      return ReplyError(res, out.status());
-    }
-    const std::string body = ServeResponseJson(out.value(), tokenizer);
-    if (log != LogLevel::kQuiet) {
-      // One structured line per request: what was chosen and why, and where the time went.
-      json line = json::parse(body);
-      line.erase("tokens");
-      line.erase("text");
-      std::fprintf(stderr, "%s\n", Dump(line).c_str());
-    }
-    res.set_content(body + "\n", "application/json");
-  });
-  svr.Get("/metrics", [role, metrics, bandwidth_gbps, latency_seconds](const httplib::Request&, httplib::Response& res) {
-    std::string m = metrics();
-    m += "# HELP kvserve_bandwidth_estimate_gbps the estimator's current link bandwidth\n"
-         "# TYPE kvserve_bandwidth_estimate_gbps gauge\nkvserve_bandwidth_estimate_gbps{node=\"" + role + "\"} " +
-         std::to_string(bandwidth_gbps()) + "\n";
-    m += "# HELP kvserve_link_latency_seconds the estimator's per-transfer latency, from transfers under 256 KiB\n"
-         "# TYPE kvserve_link_latency_seconds gauge\nkvserve_link_latency_seconds{node=\"" + role + "\"} " +
-         std::to_string(latency_seconds()) + "\n";
-    res.set_content(m, "text/plain; version=0.0.4");
-  });
-  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+// The HTTP API of a node that serves requests itself (prefill, pool), on `flags`' front.
+Status ServeNodeApi(const NodeModel& model, const HttpFlags& flags, const std::string& listen, LogLevel log, const char* role,
+                    std::function<Result<ServeResponse>(const ServeRequest&, const TokenSink&)> serve,
+                    std::function<std::string()> metrics, std::function<double()> bandwidth_gbps,
+                    std::function<double()> latency_seconds) {
+  auto front = std::make_shared<serve_internal::NodeFront>();
+  front->role = role;
+  front->model = model.Api();
+  front->serve = std::move(serve);
+  front->metrics = std::move(metrics);
+  front->bandwidth_gbps = std::move(bandwidth_gbps);
+  front->latency_seconds = std::move(latency_seconds);
+  front->log = LogTo(log, LogLevel::kInfo);
+  serve_internal::HttpServer server(flags.Options(role, serve_internal::NodeBodyLimit(front->model)));
+  serve_internal::AddNodeRoutes(&server, front);
+  return ServeHttpUntilSignal(server, listen, role);
 }
 
 // The profile at `path`, or null when no path was given; warns when its speeds were measured
@@ -256,6 +222,7 @@ struct PrefillFlags {
   uint32_t corrupt_every = 0;
   double send_delay_ns = 0;  // test seam: the calibration must catch this overhead
   int threads = 1;
+  HttpFlags http;
 };
 
 Status RunPrefill(const PrefillFlags& f) {
@@ -280,11 +247,10 @@ Status RunPrefill(const PrefillFlags& f) {
   KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefillNode> node, PrefillNode::Create(transport.get(), o));
   for (uint32_t n : f.model.prepare_tokens) KV_RETURN_IF_ERROR(node->Prepare(n));
   if (log != LogLevel::kQuiet) std::fprintf(stderr, "prefill node: %s, transport tcp\n", model.Describe().c_str());
-  httplib::Server svr;
-  AddNodeRoutes(svr, model, log, "prefill", [&](const ServeRequest& r) { return node->Serve(r); },
-                [&] { return node->metrics().Prometheus("prefill"); }, [&] { return node->bandwidth_estimate_gbps(); },
-                [&] { return node->link_latency_seconds(); });
-  return ServeHttpUntilSignal(svr, f.listen, "prefill");
+  return ServeNodeApi(model, f.http, f.listen, log, "prefill",
+                      [&](const ServeRequest& r, const TokenSink& sink) { return node->Serve(r, sink); },
+                      [&] { return node->metrics().Prometheus("prefill"); }, [&] { return node->bandwidth_estimate_gbps(); },
+                      [&] { return node->link_latency_seconds(); });
 }
 
 struct PoolServeFlags {
@@ -294,6 +260,7 @@ struct PoolServeFlags {
   uint64_t capacity_mib = 4096;
   double assume_gbps = 10, shape_gbps = 0;
   int threads = 1;
+  HttpFlags http;
 };
 
 Status RunPoolServe(const PoolServeFlags& f) {
@@ -321,18 +288,17 @@ Status RunPoolServe(const PoolServeFlags& f) {
   if (log != LogLevel::kQuiet) {
     std::fprintf(stderr, "pool node: %s, pool %s, policy %s\n", model.Describe().c_str(), pool->name().c_str(), f.policy.c_str());
   }
-  httplib::Server svr;
-  AddNodeRoutes(svr, model, log, "pool", [&](const ServeRequest& r) { return node->Serve(r); },
-                [&] { return node->metrics().Prometheus("pool"); }, [&] { return node->bandwidth_estimate_gbps(); },
-                [&] { return node->link_latency_seconds(); });
-  return ServeHttpUntilSignal(svr, f.listen, "pool");
+  return ServeNodeApi(model, f.http, f.listen, log, "pool",
+                      [&](const ServeRequest& r, const TokenSink& sink) { return node->Serve(r, sink); },
+                      [&] { return node->metrics().Prometheus("pool"); }, [&] { return node->bandwidth_estimate_gbps(); },
+                      [&] { return node->link_latency_seconds(); });
 }
 
 // The router: one HTTP front for several prefill nodes. It labels each request's workload (its
 // tag if given, else by prompt length) and forwards to the prefill nodes in turn, measuring the
 // job completion time it saw (arrival here to the last token back).
 Status RunRouter(const std::string& listen, const std::vector<std::string>& peers, double timeout_s, uint32_t long_prompt,
-                 LogLevel log) {
+                 LogLevel log, const HttpFlags& http) {
   BlockStopSignals();
   if (peers.empty()) return Status::InvalidArgument("router needs at least one --peer (a prefill node's host:port)");
   for (const std::string& p : peers) {
@@ -340,57 +306,10 @@ Status RunRouter(const std::string& listen, const std::vector<std::string>& peer
     uint16_t port;
     KV_RETURN_IF_ERROR(ParseHostPort(p, &h, &port));
   }
-  std::atomic<uint64_t> next{0}, routed_count{0}, failed{0};
-  httplib::Server svr;
-  svr.set_payload_max_length(16 << 20);
-  AnswerExceptions(svr);
-  svr.Post("/generate", [&](const httplib::Request& req, httplib::Response& res) {
-    const double t0 = NowSeconds();
-    // Validated and re-built from the fields a node reads (nesting bounded), never forwarded
-    // as the client sent it.
-    auto routed = RouteRequest(req.body, long_prompt);
-    if (!routed.ok()) return ReplyError(res, routed.status());
-    Status last = Status::Unavailable("no prefill node answered");
-    for (size_t k = 0; k < peers.size(); ++k) {
-      const std::string& peer = peers[(next++ + k) % peers.size()];
-      httplib::Client cli("http://" + peer);
-      cli.set_connection_timeout(std::chrono::seconds(2));
-      cli.set_read_timeout(std::chrono::duration<double>(timeout_s));
-      auto r = cli.Post("/generate", routed->body, "application/json");
-      if (!r) {
-        last = Status::Unavailable("prefill node " + peer + ": " + httplib::to_string(r.error()));
-        continue;
-      }
-      json out = CheckJsonNesting(r->body, kMaxRequestJsonDepth).ok() ? json::parse(r->body, nullptr, false) : json();
-      if (!out.is_discarded() && out.is_object() && r->status == 200) {
-        out["router"] = {{"label", routed->label}, {"prefill_node", peer}, {"jct_ms", (NowSeconds() - t0) * 1e3}};
-        routed_count++;
-        if (log == LogLevel::kDebug) std::fprintf(stderr, "%s\n", Dump(out["router"]).c_str());
-        res.set_content(Dump(out) + "\n", "application/json");
-        return;
-      }
-      // A 4xx is the request's fault: no other node would answer differently.
-      res.status = r->status;
-      res.set_content(r->body, "application/json");
-      if (r->status < 500 && r->status >= 400) return;
-      last = Status::Unavailable("prefill node " + peer + " answered " + std::to_string(r->status));
-    }
-    failed++;
-    ReplyError(res, last);
-  });
-  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    std::string m;
-    auto counter = [&](const char* name, const char* help, uint64_t v) {
-      m += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + "{node=\"router\"} " +
-           std::to_string(v) + "\n";
-    };
-    counter("kvserve_router_requests_total", "requests answered by a prefill node", routed_count.load());
-    counter("kvserve_router_errors_total", "requests no prefill node answered", failed.load());
-    res.set_content(m, "text/plain; version=0.0.4");
-  });
-  // Ready once listening: the router holds no model.
-  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
-  return ServeHttpUntilSignal(svr, listen, "router");
+  serve_internal::HttpServer server(http.Options("router", 16 << 20));
+  serve_internal::AddRouterRoutes(&server, {.peers = peers, .timeout_s = timeout_s, .long_prompt = long_prompt,
+                                            .log = LogTo(log, LogLevel::kDebug)});
+  return ServeHttpUntilSignal(server, listen, "router");
 }
 
 // `bench link`: what the transport carries over this machine's link. With --listen it is the
@@ -530,7 +449,7 @@ void AddServeCommands(CLI::App& app) {
     SetAction(c, [=]() { return RunDecode(*mf, *listen, *metrics, *timeout, *max_connections, ParseLogLevel(*log)); });
   }
   {
-    auto* c = serve->add_subcommand("prefill", "Prefill node: HTTP POST /generate; prefills, chooses a strategy, streams KV to a decode node");
+    auto* c = serve->add_subcommand("prefill", "Prefill node: HTTP POST /generate and the OpenAI API (/v1/completions, /v1/chat/completions); prefills, chooses a strategy, streams KV to a decode node");
     auto f = std::make_shared<PrefillFlags>();
     f->model.Add(c, true);
     c->add_option("--listen", f->listen, "HTTP host:port (port 0: a free one, printed)")->capture_default_str();
@@ -548,10 +467,11 @@ void AddServeCommands(CLI::App& app) {
     c->add_option("--fault-corrupt-every", f->corrupt_every, "fault injection: corrupt every Nth frame sent (0: never)")
         ->capture_default_str()->check(InRange(0, 1e9));
     c->add_option("--log-level", f->log_level, "quiet | info (a JSON line per request) | debug")->capture_default_str()->check(levels);
+    f->http.Add(c);
     SetAction(c, [=]() { return RunPrefill(*f); });
   }
   {
-    auto* c = serve->add_subcommand("pool", "Pool node (KV disaggregation): HTTP POST /generate; fetches cached prefix KV or recomputes, generates");
+    auto* c = serve->add_subcommand("pool", "Pool node (KV disaggregation): HTTP POST /generate and the OpenAI API; fetches cached prefix KV or recomputes, generates");
     auto f = std::make_shared<PoolServeFlags>();
     f->model.Add(c, true);
     c->add_option("--listen", f->listen, "HTTP host:port (port 0: a free one, printed)")->capture_default_str();
@@ -566,10 +486,11 @@ void AddServeCommands(CLI::App& app) {
         ->capture_default_str()->check(InRange(0, 1e4));
     c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
     c->add_option("--log-level", f->log_level, "quiet | info (a JSON line per request) | debug")->capture_default_str()->check(levels);
+    f->http.Add(c);
     SetAction(c, [=]() { return RunPoolServe(*f); });
   }
   {
-    auto* c = serve->add_subcommand("router", "Router: HTTP front that labels workloads and forwards to prefill nodes");
+    auto* c = serve->add_subcommand("router", "Router: HTTP front (/generate, the OpenAI API, /health, /metrics) that labels workloads and forwards to prefill nodes");
     auto listen = std::make_shared<std::string>("127.0.0.1:8000");
     auto peers = std::make_shared<std::vector<std::string>>();
     auto timeout = std::make_shared<double>(60);
@@ -577,11 +498,13 @@ void AddServeCommands(CLI::App& app) {
     auto log = std::make_shared<std::string>("info");
     c->add_option("--listen", *listen, "HTTP host:port (port 0: a free one, printed)")->capture_default_str();
     c->add_option("--peer", *peers, "prefill node HTTP host:port (repeatable)")->required();
-    c->add_option("--timeout", *timeout, "seconds to wait for a prefill node")->capture_default_str()->check(InRange(0.01, 3600));
+    c->add_option("--timeout", *timeout, "a request's deadline in seconds, over every prefill node it is tried on")->capture_default_str()->check(InRange(0.01, 3600));
     c->add_option("--long-prompt", *long_prompt, "prompt tokens from which an untagged request is labelled 'long'")
         ->capture_default_str()->check(InRange(1, 1 << 24));
     c->add_option("--log-level", *log, "quiet | info | debug")->capture_default_str()->check(levels);
-    SetAction(c, [=]() { return RunRouter(*listen, *peers, *timeout, *long_prompt, ParseLogLevel(*log)); });
+    auto http = std::make_shared<HttpFlags>();
+    http->Add(c);
+    SetAction(c, [=]() { return RunRouter(*listen, *peers, *timeout, *long_prompt, ParseLogLevel(*log), *http); });
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,15 @@
 
 namespace kvserve {
 
+// How generated tokens are picked: greedy (temperature 0), or seeded sampling from the top-p
+// nucleus of softmax(logits / temperature) — the draws `kvserve generate --temperature T
+// --top-p P --seed S` makes, so a node's text equals local generation's for the same settings.
+struct Sampling {
+  float temperature = 0;
+  float top_p = 1;
+  uint64_t seed = 1;
+};
+
 struct ServeRequest {
   uint64_t id = 0;
   std::vector<int> prompt;  // token ids, BOS first
@@ -28,7 +38,13 @@ struct ServeRequest {
   double floor = 0.97;      // minimum relative accuracy of the strategy chosen
   std::string label;        // workload tag (chat, retrieval, ...): raises the floor per ControllerOptions
   std::string strategy;     // force one strategy (empty: the node's policy)
+  Sampling sampling;
 };
+
+// Receives each generated token as the node has it (the first from prefill, then the decode
+// node's, message by message); returning false ends the request's generation there (a stop
+// text was reached, or the client left) and the answer holds the tokens so far.
+using TokenSink = std::function<bool(int token)>;
 
 // Seconds per stage. encode/wire/decode overlap (layers are pipelined): transfer_s is the wall
 // time from the first layer's encode to the last layer decoded, at most their sum.
@@ -178,7 +194,9 @@ class PrefillNode {
  public:
   static Result<std::unique_ptr<PrefillNode>> Create(Transport* transport, PrefillNodeOptions opts);
   ~PrefillNode();
-  Result<ServeResponse> Serve(const ServeRequest& request);
+  // With `on_token`, the decode node streams tokens as it generates them; a request that streamed
+  // some is not handed to another decode node when its own fails (the client has them already).
+  Result<ServeResponse> Serve(const ServeRequest& request, const TokenSink& on_token = nullptr);
   // With a synthetic model: makes the KV of an n_token prompt now, so that serving does not.
   Status Prepare(uint32_t n_token);
   const NodeMetrics& metrics() const { return metrics_; }
@@ -196,7 +214,7 @@ class PrefillNode {
   };
   Choice Choose(const ServeRequest& req, double kv_bytes, double model_seconds);
   Status Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv, const std::vector<float>& scores,
-                  const std::string& spec, int first_token, ServeResponse* out);
+                  const std::string& spec, int first_token, const TokenSink& on_token, uint32_t* streamed, ServeResponse* out);
   // Frame buffers whose allocations the encoder reuses (pages already faulted in).
   ByteBuffer TakeFrameBuffer();
   void GiveFrameBuffer(ByteBuffer b);
@@ -243,7 +261,7 @@ class PoolNode {
  public:
   static Result<std::unique_ptr<PoolNode>> Create(PoolNodeOptions opts);
   ~PoolNode();
-  Result<ServeResponse> Serve(const ServeRequest& request);
+  Result<ServeResponse> Serve(const ServeRequest& request, const TokenSink& on_token = nullptr);
   Status Prepare(uint32_t n_token);  // synthetic: makes an n_token prompt's KV before timing
   const NodeMetrics& metrics() const { return metrics_; }
   double bandwidth_estimate_gbps() const;

@@ -28,6 +28,7 @@ enum class MessageKind : uint8_t {
   kResend = 4,   // decode -> prefill: layers whose frames failed verification, to send once more
   kResult = 5,   // decode -> prefill: generated tokens and timings
   kError = 6,    // either way: the request failed, with the reason
+  kTokens = 7,   // decode -> prefill: tokens as they are generated, when the request asked to stream
 };
 const char* MessageKindName(MessageKind kind);
 

@@ -10,6 +10,16 @@
 
 namespace kvserve::serve_internal {
 
+// LlamaEngine::Generate's generator: Rng(SplitMix(seed)), one draw per token when sampling.
+TokenPicker::TokenPicker(const Sampling& s, uint32_t skip) : s_(s), rng_(Seeded(s.seed)) {
+  for (uint32_t i = 0; s.temperature > 0 && i < skip; ++i) rng_.Uniform();
+}
+
+int TokenPicker::Pick(const float* logits, uint32_t n_vocab) {
+  if (s_.temperature <= 0) return int(Argmax(logits, n_vocab));
+  return int(SampleTopP(logits, n_vocab, s_.temperature, s_.top_p, rng_.Uniform()));
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -31,28 +41,44 @@ Status PromptFits(const LlamaConfig& cfg, const std::vector<int>& prompt) {
   return Status::Ok();
 }
 
-// Greedy tokens from `first_token` on, exactly as LlamaEngine::Generate continues after its
-// prompt, over the prompt KV in `cache` (first_token is out[0]).
-Result<std::vector<int>> GreedyContinue(const LlamaModel& model, KvCache* cache, int first_token, uint32_t max_new) {
+// Tokens from `first_token` on, exactly as LlamaEngine::Generate continues after its prompt
+// with the same sampling, over the prompt KV in `cache` (first_token is out[0]).
+Result<std::vector<int>> GreedyContinue(const LlamaModel& model, KvCache* cache, int first_token, uint32_t max_new,
+                                        const Sampling& sampling, const TokenSink& on_token) {
   const LlamaConfig& cfg = model.config;
   LlamaEngine engine(model);
+  TokenPicker picker(sampling, 1);  // the first token was prefill's draw
   std::vector<float> logits(cfg.vocab_size);
   std::vector<int> out = {first_token};
+  if (on_token && !on_token(first_token)) return out;
   int tok = first_token;
   while (out.size() < max_new && cache->next_pos < cfg.seq_len) {
     KV_RETURN_IF_ERROR(engine.Forward(&tok, 1, cache, logits.data(), true));
     if (cache->next_pos >= cfg.seq_len) break;
-    tok = int(Argmax(logits.data(), cfg.vocab_size));
+    tok = picker.Pick(logits.data(), cfg.vocab_size);
     out.push_back(tok);
+    if (on_token && !on_token(tok)) break;
   }
   return out;
 }
 
 // The stand-in's generation: time at its decode rate (the first token came from prefill).
-std::vector<int> SyntheticTokens(const SyntheticModel& m, int first_token, uint32_t max_new) {
-  std::this_thread::sleep_for(std::chrono::duration<double>((max_new - 1) / m.decode_tokens_per_second));
+// Streamed, a token at each step's time.
+std::vector<int> SyntheticTokens(const SyntheticModel& m, int first_token, uint32_t max_new, const TokenSink& on_token) {
   std::vector<int> out(max_new, 0);
   out[0] = first_token;
+  if (!on_token) {
+    std::this_thread::sleep_for(std::chrono::duration<double>((max_new - 1) / m.decode_tokens_per_second));
+    return out;
+  }
+  const Clock::time_point t0 = Clock::now();
+  for (uint32_t i = 0; i < max_new; ++i) {
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(i / m.decode_tokens_per_second)));
+    if (!on_token(out[i])) {
+      out.resize(i + 1);
+      break;
+    }
+  }
   return out;
 }
 
@@ -101,13 +127,13 @@ class EngineSession final : public ComputeSession {
     return true;
   }
 
-  Result<int> ComputeSuffix(const std::vector<int>& prompt, uint32_t cached) override {
+  Result<int> ComputeSuffix(const std::vector<int>& prompt, uint32_t cached, const Sampling& sampling) override {
     const LlamaConfig& cfg = model_.config;
     cache_.Rewind(cached, cached);
     LlamaEngine engine(model_);
     std::vector<float> logits(cfg.vocab_size);
     KV_RETURN_IF_ERROR(engine.Forward(prompt.data() + cached, uint32_t(prompt.size()) - cached, &cache_, logits.data(), true));
-    return int(Argmax(logits.data(), cfg.vocab_size));
+    return TokenPicker(sampling).Pick(logits.data(), cfg.vocab_size);
   }
 
   Status KeepPrefix(uint32_t n_token) override {
@@ -121,8 +147,8 @@ class EngineSession final : public ComputeSession {
     return kept_;
   }
 
-  Result<std::vector<int>> Generate(int first_token, uint32_t max_new) override {
-    return GreedyContinue(model_, &cache_, first_token, max_new);
+  Result<std::vector<int>> Generate(int first_token, uint32_t max_new, const Sampling& sampling, const TokenSink& on_token) override {
+    return GreedyContinue(model_, &cache_, first_token, max_new, sampling, on_token);
   }
 
  private:
@@ -149,7 +175,7 @@ class EngineCompute final : public Compute {
   Status CheckPrompt(const std::vector<int>& prompt) const override { return PromptFits(model_.config, prompt); }
   Status Prepare(uint32_t) override { return Status::Ok(); }
 
-  Result<Prefilled> Prefill(const std::vector<int>& prompt) override {
+  Result<Prefilled> Prefill(const std::vector<int>& prompt, const Sampling& sampling) override {
     const Clock::time_point t0 = Clock::now();
     const LlamaConfig& cfg = model_.config;
     KV_RETURN_IF_ERROR(CheckPrompt(prompt));
@@ -165,7 +191,7 @@ class EngineCompute final : public Compute {
     out.scores.assign(n, 0.0f);
     for (size_t row = 0; cap.n_prompt && row < cap.probs.size() / cap.n_prompt; ++row)
       for (uint32_t j = 0; j < n; ++j) out.scores[j] += cap.probs[row * cap.n_prompt + j];
-    out.first_token = int(Argmax(logits.data(), cfg.vocab_size));
+    out.first_token = TokenPicker(sampling).Pick(logits.data(), cfg.vocab_size);
     KV_ASSIGN_OR_RETURN(KvBlock prefix, cache.Prefix(n, DType::kF32));
     out.kv = std::make_shared<const KvBlock>(std::move(prefix));
     out.prefill_s = SecondsSince(t0);
@@ -188,15 +214,15 @@ class SyntheticSession final : public ComputeSession {
   SyntheticSession(const SyntheticModel& m, ThreadPool* pool) : m_(m), pool_(pool) {}
   Status LoadPrefix(const KvBlock&, uint32_t) override { return Status::Ok(); }  // checked, not needed to model time
   bool PlaceChunk(const KvBlock&, uint32_t) override { return true; }
-  Result<int> ComputeSuffix(const std::vector<int>& prompt, uint32_t cached) override {
+  Result<int> ComputeSuffix(const std::vector<int>& prompt, uint32_t cached, const Sampling&) override {
     std::this_thread::sleep_for(std::chrono::duration<double>((prompt.size() - cached) / m_.prefill_tokens_per_second));
     return 0;
   }
   Status KeepPrefix(uint32_t) override { return Status::Ok(); }
   // The stand-in's exact KV is its synthetic prompt KV (made at Prepare, so no serving time).
   Result<std::shared_ptr<const KvBlock>> Kept(uint32_t n_prompt) override { return SyntheticPromptKv(m_, n_prompt, pool_); }
-  Result<std::vector<int>> Generate(int first_token, uint32_t max_new) override {
-    return SyntheticTokens(m_, first_token, max_new);
+  Result<std::vector<int>> Generate(int first_token, uint32_t max_new, const Sampling&, const TokenSink& on_token) override {
+    return SyntheticTokens(m_, first_token, max_new, on_token);
   }
 
  private:
@@ -222,7 +248,7 @@ class SyntheticCompute final : public Compute {
   Status CheckPrompt(const std::vector<int>&) const override { return Status::Ok(); }
   Status Prepare(uint32_t n_token) override { return SyntheticPromptKv(m_, n_token, pool_).status(); }
 
-  Result<Prefilled> Prefill(const std::vector<int>& prompt) override {
+  Result<Prefilled> Prefill(const std::vector<int>& prompt, const Sampling&) override {
     const Clock::time_point t0 = Clock::now();
     const uint32_t n = uint32_t(prompt.size());
     Prefilled out;

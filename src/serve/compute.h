@@ -12,6 +12,7 @@
 #include "kvserve/model.h"
 #include "kvserve/serve.h"
 #include "kvserve/thread_pool.h"
+#include "kv/rng.h"
 
 namespace kvserve::serve_internal {
 
@@ -38,6 +39,19 @@ struct Prefilled {
   double queue_s = 0, prefill_s = 0;
 };
 
+// Picks tokens as LlamaEngine::Generate does: one uniform draw per token when sampling, from
+// Rng(SplitMix(seed)). `skip` draws are made first (the decode node continues after prefill's).
+class TokenPicker {
+ public:
+  explicit TokenPicker(const Sampling& s, uint32_t skip = 0);
+  int Pick(const float* logits, uint32_t n_vocab);
+
+ private:
+  static Rng Seeded(uint64_t seed) { return Rng(SplitMix(seed)); }
+  Sampling s_;
+  Rng rng_;
+};
+
 // One request's KV on a node that generates (decode, pool): the engine's cache, or nothing the
 // stand-in needs. One thread at a time.
 class ComputeSession {
@@ -51,14 +65,17 @@ class ComputeSession {
   virtual bool PlaceChunk(const KvBlock& chunk, uint32_t at) = 0;
   // Pool node: computes prompt tokens [cached, n) over the cache's first `cached` slots; returns
   // the first generated token.
-  virtual Result<int> ComputeSuffix(const std::vector<int>& prompt, uint32_t cached) = 0;
+  virtual Result<int> ComputeSuffix(const std::vector<int>& prompt, uint32_t cached, const Sampling& sampling = {}) = 0;
   // Pool node, storing: KeepPrefix before generation (which extends the cache) marks the first
   // n_token tokens' exact KV; Kept after gives them (at least n_token tokens, maybe the whole
   // prompt's n_prompt).
   virtual Status KeepPrefix(uint32_t n_token) = 0;
   virtual Result<std::shared_ptr<const KvBlock>> Kept(uint32_t n_prompt) = 0;
-  // Greedy tokens from first_token on (first_token is out[0]).
-  virtual Result<std::vector<int>> Generate(int first_token, uint32_t max_new) = 0;
+  // Tokens from first_token on (first_token is out[0], picked by `sampling`'s first draw; the
+  // rest continue its draws). `on_token` (may be null) has each token as it is made; false from
+  // it ends generation there.
+  virtual Result<std::vector<int>> Generate(int first_token, uint32_t max_new, const Sampling& sampling = {},
+                                            const TokenSink& on_token = nullptr) = 0;
 };
 
 class Compute {
@@ -71,7 +88,7 @@ class Compute {
   virtual Status Prepare(uint32_t n_token) = 0;
   // Prefill node: the prompt's KV and first token. The stand-in runs one prompt at a time, as
   // one GPU would: the wait is queue_s.
-  virtual Result<Prefilled> Prefill(const std::vector<int>& prompt) = 0;
+  virtual Result<Prefilled> Prefill(const std::vector<int>& prompt, const Sampling& sampling = {}) = 0;
   virtual Result<std::unique_ptr<ComputeSession>> NewSession() const = 0;
 
  protected:

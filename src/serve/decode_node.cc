@@ -127,6 +127,8 @@ void DecodeNode::ServeRequests(Connection* c) {
     const uint64_t id = parsed->id;
     const uint32_t max_new = parsed->max_new_tokens, prompt_len = parsed->prompt_len;
     const int first_token = parsed->first_token;
+    const bool stream = parsed->stream;
+    const Sampling sampling = parsed->sampling;
     // A frame holds at most the prompt's KV (all layers, for a whole-request strategy), coded.
     c->set_max_message_bytes(serve_internal::MaxFrameBytes(values_per_token * prompt_len, prompt_len));
     const Clock::time_point deadline = DeadlineIn(opts_.request_timeout_s);
@@ -207,7 +209,12 @@ void DecodeNode::ServeRequests(Connection* c) {
     auto out = [&]() -> Result<std::vector<int>> {
       KV_ASSIGN_OR_RETURN(std::unique_ptr<serve_internal::ComputeSession> session, compute_->NewSession());
       KV_RETURN_IF_ERROR(session->LoadPrefix(kv, prompt_len));
-      return session->Generate(first_token, max_new);
+      if (!stream) return session->Generate(first_token, max_new, sampling);
+      // Each token to the prefill node as it is made; a failed send (the request was dropped
+      // upstream: its client left) ends generation.
+      return session->Generate(first_token, max_new, sampling, [&](int token) {
+        return SendJson(c, MessageKind::kTokens, {{"tokens", {token}}}, DeadlineIn(opts_.request_timeout_s)).ok();
+      });
     }();
     if (!out.ok()) {
       fail(out.status());

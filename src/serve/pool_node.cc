@@ -191,7 +191,7 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
   return fetch_status;
 }
 
-Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
+Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& on_token) {
   const Clock::time_point t0 = Clock::now();
   if (req.prompt.empty()) return Status::InvalidArgument("empty prompt");
   if (req.max_new_tokens < 1) return Status::InvalidArgument("max_new_tokens must be at least 1");
@@ -332,7 +332,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
     std::unique_lock<std::mutex> gpu(compute_mu_);
     const Clock::time_point started = Clock::now();
     out.timings.queue_s = Seconds(t0, started) - out.timings.fetch_s;
-    auto first = session->ComputeSuffix(req.prompt, cached);
+    auto first = session->ComputeSuffix(req.prompt, cached, req.sampling);
     if (!first.ok()) {
       queued_tokens_ -= compute;
       metrics_.errors++;
@@ -357,7 +357,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req) {
                                                             : candidates;
   if (!store.empty()) KV_RETURN_IF_ERROR(session->KeepPrefix(uint32_t(n_full * opts_.chunk_tokens)));
   const Clock::time_point g0 = Clock::now();
-  KV_ASSIGN_OR_RETURN(out.tokens, session->Generate(first_token, req.max_new_tokens));
+  KV_ASSIGN_OR_RETURN(out.tokens, session->Generate(first_token, req.max_new_tokens, req.sampling, on_token));
   out.timings.generate_s = Seconds(g0, Clock::now());
   out.timings.total_s = Seconds(t0, Clock::now());
   metrics_.requests++;

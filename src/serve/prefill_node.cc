@@ -87,7 +87,7 @@ PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes
 
 Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv,
                              const std::vector<float>& scores, const std::string& spec, int first_token,
-                             ServeResponse* out) {
+                             const TokenSink& on_token, uint32_t* streamed, ServeResponse* out) {
   const Clock::time_point deadline = DeadlineIn(opts_.request_timeout_s);
   const uint32_t n_layer = kv.shape().n_layer;
   KV_ASSIGN_OR_RETURN(Pipeline pipeline, Pipeline::Create(spec, opts_.env));
@@ -101,7 +101,8 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   };
   KV_RETURN_IF_ERROR(SendJson(c, MessageKind::kRequest,
                               {{"id", req.id}, {"max_new_tokens", req.max_new_tokens}, {"first_token", first_token},
-                               {"prompt_len", kv.shape().n_token}},
+                               {"prompt_len", kv.shape().n_token}, {"stream", on_token != nullptr},
+                               {"temperature", req.sampling.temperature}, {"top_p", req.sampling.top_p}, {"seed", req.sampling.seed}},
                               deadline));
   auto send_frame = [&](ByteBuffer& f, bool first_send) -> Status {
     if (first_send && opts_.corrupt_every && ++frames_sent_ % opts_.corrupt_every == 0 && f.size() > 64) {
@@ -147,8 +148,28 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   // A reply holds at most the tokens asked for: a longer one is refused before it is read.
   const uint32_t vocab = compute_->shape().vocab;
   c->set_max_message_bytes(serve_internal::ResultMessageLimit(req.max_new_tokens));
+  Clock::time_point first_token_at = t0;
   for (int round = 0;; ++round) {
     KV_ASSIGN_OR_RETURN(Message reply, c->Receive(deadline));
+    if (reply.kind == MessageKind::kTokens && on_token) {
+      if (*streamed == 0) first_token_at = Clock::now();
+      auto tokens = serve_internal::ParseTokensMessage(reply.body, req.max_new_tokens - std::min(*streamed, req.max_new_tokens), vocab);
+      if (!tokens.ok()) return tokens.status().WithContext("decode node " + c->peer());
+      for (int t : *tokens) {
+        ++*streamed;
+        out->tokens.push_back(t);
+        if (!on_token(t)) {
+          // The caller has what it wants (a stop text, or its client left): the answer is the
+          // tokens so far, and closing the connection ends the decode node's generation.
+          // No result message: the transfer ends where the first streamed token arrived.
+          out->timings.generate_s = Seconds(first_token_at, Clock::now());
+          out->timings.transfer_s = Seconds(t0, first_token_at);
+          return Status::Ok();
+        }
+      }
+      --round;
+      continue;
+    }
     if (reply.kind == MessageKind::kError) {
       return Status::Unavailable("decode node " + c->peer() + " failed the request: " + serve_internal::ParseErrorMessage(reply.body));
     }
@@ -173,7 +194,7 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
     }
     auto result = serve_internal::ParseDecodeResult(reply.body, req.max_new_tokens, vocab);
     if (!result.ok()) return result.status().WithContext("decode node " + c->peer());
-    out->tokens = std::move(result->tokens);
+    out->tokens = std::move(result->tokens);  // all of them, streamed or not
     out->timings.decode_s = result->decode_s;
     out->timings.generate_s = result->generate_s;
     out->timings.transfer_s = std::max(0.0, Seconds(t0, Clock::now()) - out->timings.generate_s);
@@ -200,13 +221,13 @@ void PrefillNode::GiveFrameBuffer(ByteBuffer b) {
   if (buffers_.size() < 8) buffers_.push_back(std::move(b));
 }
 
-Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {
+Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req, const TokenSink& on_token) {
   const Clock::time_point t0 = Clock::now();
   if (req.prompt.empty()) return Status::InvalidArgument("empty prompt");
   if (req.max_new_tokens < 1) return Status::InvalidArgument("max_new_tokens must be at least 1");
   ServeResponse out;
   out.id = req.id;
-  KV_ASSIGN_OR_RETURN(serve_internal::Prefilled prefilled, compute_->Prefill(req.prompt));
+  KV_ASSIGN_OR_RETURN(serve_internal::Prefilled prefilled, compute_->Prefill(req.prompt, req.sampling));
   out.timings.queue_s = prefilled.queue_s;
   out.timings.prefill_s = prefilled.prefill_s;
   const std::shared_ptr<const KvBlock> kv = std::move(prefilled.kv);
@@ -230,14 +251,16 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req) {
       last = conn.status();
       continue;
     }
-    last = Transfer(conn.value().get(), req, *kv, scores, choice.spec, first_token, &attempt);
+    uint32_t streamed = 0;
+    last = Transfer(conn.value().get(), req, *kv, scores, choice.spec, first_token, on_token, &streamed, &attempt);
     conn.value()->Close();
     if (last.ok()) {
       out = std::move(attempt);
       out.decode_node = peer;
       break;
     }
-    if (last.code() != StatusCode::kUnavailable) break;
+    // Tokens the client has cannot be taken back: no second decode node for a request that streamed.
+    if (last.code() != StatusCode::kUnavailable || streamed > 0) break;
   }
   if (!last.ok()) {
     metrics_.errors++;

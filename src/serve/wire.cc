@@ -37,11 +37,11 @@ Status CheckJsonNesting(std::string_view text, int max_depth) {
   return Status::Ok();
 }
 
-namespace {
+namespace serve_internal {
 
 // The JSON object in `text`, its nesting bounded before it is parsed (a parser, a serialiser or
 // a destructor that recurses per level would otherwise overflow a worker's stack).
-Result<json> ParseObject(std::string_view text) {
+Result<json> ParseJsonObject(std::string_view text) {
   KV_RETURN_IF_ERROR(CheckJsonNesting(text, kMaxRequestJsonDepth));
   json j;
   try {
@@ -55,7 +55,7 @@ Result<json> ParseObject(std::string_view text) {
 }
 
 // An optional number field in [lo, hi]; `out` keeps its default when the field is absent.
-Status Number(const json& j, const char* key, double lo, double hi, double* out) {
+Status JsonNumber(const json& j, const char* key, double lo, double hi, double* out) {
   if (!j.contains(key)) return Status::Ok();
   const json& v = j[key];
   if (!v.is_number()) return Status::InvalidArgument(std::string("'") + key + "' must be a number");
@@ -69,15 +69,19 @@ Status Number(const json& j, const char* key, double lo, double hi, double* out)
 }
 
 // The same for an integer (a whole float such as 7.0 included).
-Status WholeNumber(const json& j, const char* key, double lo, double hi, uint64_t* out) {
+Status JsonWholeNumber(const json& j, const char* key, double lo, double hi, uint64_t* out) {
   double d = double(*out);
-  KV_RETURN_IF_ERROR(Number(j, key, lo, hi, &d));
+  KV_RETURN_IF_ERROR(JsonNumber(j, key, lo, hi, &d));
   if (d != std::floor(d)) return Status::InvalidArgument(std::string("'") + key + "' = " + Dump(j[key]) + " is not a whole number");
   *out = j.contains(key) && j[key].is_number_unsigned() ? j[key].get<uint64_t>() : uint64_t(d);
   return Status::Ok();
 }
 
-}  // namespace
+}  // namespace serve_internal
+
+using serve_internal::JsonNumber;
+using serve_internal::JsonWholeNumber;
+using serve_internal::ParseJsonObject;
 
 Result<std::string> RequestStrategy(const std::string& text) {
   if (text.size() > kMaxRequestStrategyBytes) {
@@ -100,15 +104,16 @@ Result<std::string> RequestStrategy(const std::string& text) {
 }
 
 Result<ServeRequest> ParseServeRequest(const std::string& text, const Tokenizer* tokenizer, uint32_t max_prompt) {
-  KV_ASSIGN_OR_RETURN(json j, ParseObject(text));
+  KV_ASSIGN_OR_RETURN(json j, ParseJsonObject(text));
   ServeRequest r;
   uint64_t id = 0, max_new = r.max_new_tokens;
-  KV_RETURN_IF_ERROR(WholeNumber(j, "id", 0, 9007199254740991.0, &id));
-  KV_RETURN_IF_ERROR(WholeNumber(j, "max_new_tokens", 1, 1 << 20, &max_new));
-  KV_RETURN_IF_ERROR(Number(j, "slo_ms", 1e-3, 1e9, &r.slo_ms));
-  KV_RETURN_IF_ERROR(Number(j, "floor", 0, 1.05, &r.floor));
+  KV_RETURN_IF_ERROR(JsonWholeNumber(j, "id", 0, 9007199254740991.0, &id));
+  KV_RETURN_IF_ERROR(JsonWholeNumber(j, "max_new_tokens", 1, 1 << 20, &max_new));
+  KV_RETURN_IF_ERROR(JsonNumber(j, "slo_ms", 1e-3, 1e9, &r.slo_ms));
+  KV_RETURN_IF_ERROR(JsonNumber(j, "floor", 0, 1.05, &r.floor));
   r.id = id;
   r.max_new_tokens = uint32_t(max_new);
+  KV_RETURN_IF_ERROR(serve_internal::ReadSampling(j, &r.sampling));
   for (const char* key : {"label", "strategy", "prompt"}) {
     if (j.contains(key) && !j[key].is_string()) return Status::InvalidArgument(std::string("'") + key + "' must be a string");
   }
@@ -152,7 +157,7 @@ Result<ServeRequest> ParseServeRequest(const std::string& text, const Tokenizer*
 }
 
 Result<RoutedRequest> RouteRequest(const std::string& body, uint32_t long_prompt_tokens) {
-  KV_ASSIGN_OR_RETURN(json j, ParseObject(body));
+  KV_ASSIGN_OR_RETURN(json j, ParseJsonObject(body));
   RoutedRequest out;
   if (j.contains("label")) {
     if (!j["label"].is_string()) return Status::InvalidArgument("'label' must be a string");
@@ -166,7 +171,7 @@ Result<RoutedRequest> RouteRequest(const std::string& body, uint32_t long_prompt
   }
   // Only the fields a node reads go on; the node validates them.
   json fwd = json::object();
-  for (const char* key : {"id", "prompt", "tokens", "max_new_tokens", "slo_ms", "floor", "strategy"}) {
+  for (const char* key : {"id", "prompt", "tokens", "max_new_tokens", "slo_ms", "floor", "strategy", "temperature", "top_p", "seed"}) {
     if (j.contains(key)) fwd[key] = std::move(j[key]);
   }
   fwd["label"] = out.label;
@@ -216,7 +221,7 @@ std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer
 // field, ignored). A field of the wrong kind is kCorrupt naming it: a node that answers 200 with
 // something else is a broken node, not a bad request.
 Result<ServeResponse> ServeResponseFromJson(std::string_view body) {
-  auto parsed = ParseObject(body);
+  auto parsed = ParseJsonObject(body);
   if (!parsed.ok()) return Status::Corrupt("answer: " + parsed.status().message());
   const json& j = parsed.value();
   auto fail = [](const Status& st) { return Status::Corrupt("answer: " + st.message()); };
@@ -225,7 +230,7 @@ Result<ServeResponse> ServeResponseFromJson(std::string_view body) {
   const double kMaxWhole = 9007199254740991.0;
   for (auto [key, out] : {std::pair{"id", &id}, {"kv_bytes", &kv_bytes}, {"wire_bytes", &wire_bytes}, {"resent_layers", &resent}}) {
     if (!j.contains(key)) return Status::Corrupt(std::string("answer has no '") + key + "'");
-    if (Status st = WholeNumber(j, key, 0, kMaxWhole, out); !st.ok()) return fail(st);
+    if (Status st = JsonWholeNumber(j, key, 0, kMaxWhole, out); !st.ok()) return fail(st);
   }
   r.id = id, r.kv_bytes = kv_bytes, r.wire_bytes = wire_bytes, r.resent_layers = uint32_t(resent);
   for (auto [key, out] : {std::pair{"strategy", &r.strategy}, {"explanation", &r.explanation}, {"decode_node", &r.decode_node}}) {
@@ -246,7 +251,7 @@ Result<ServeResponse> ServeResponseFromJson(std::string_view body) {
                           {"total", &st.total_s}, {"fetch", &st.fetch_s}, {"first_token", &st.first_token_s},
                           {"store", &st.store_s}}) {
     double ms = 0;
-    if (Status s = Number(t, key, 0, 1e12, &ms); !s.ok()) return fail(s);
+    if (Status s = JsonNumber(t, key, 0, 1e12, &ms); !s.ok()) return fail(s);
     *out = ms / 1e3;
   }
   if (j.contains("pool")) {
@@ -254,8 +259,8 @@ Result<ServeResponse> ServeResponseFromJson(std::string_view body) {
     if (!p.is_object() || !p.contains("action") || !p["action"].is_string()) return Status::Corrupt("answer: 'pool' has no 'action'");
     r.pool_action = p["action"].get<std::string>();
     uint64_t cached = 0, stored = 0;
-    if (Status s = WholeNumber(p, "cached_tokens", 0, kMaxWhole, &cached); !s.ok()) return fail(s);
-    if (Status s = WholeNumber(p, "stored_bytes", 0, kMaxWhole, &stored); !s.ok()) return fail(s);
+    if (Status s = JsonWholeNumber(p, "cached_tokens", 0, kMaxWhole, &cached); !s.ok()) return fail(s);
+    if (Status s = JsonWholeNumber(p, "stored_bytes", 0, kMaxWhole, &stored); !s.ok()) return fail(s);
     r.cached_tokens = uint32_t(cached), r.stored_bytes = stored;
   }
   return r;
@@ -285,6 +290,20 @@ bool IndexField(const json& j, const char* key, uint64_t limit, uint64_t* out) {
 
 }  // namespace
 
+// temperature in [0, 100], top_p in (0, 1], seed an unsigned integer; absent fields keep theirs.
+Status ReadSampling(const json& j, Sampling* s) {
+  double t = s->temperature, p = s->top_p;
+  KV_RETURN_IF_ERROR(JsonNumber(j, "temperature", 0, 100, &t));
+  KV_RETURN_IF_ERROR(JsonNumber(j, "top_p", 1e-9, 1, &p));
+  if (j.contains("seed")) {
+    if (!j["seed"].is_number_integer()) return Status::InvalidArgument("'seed' must be an integer");
+    s->seed = j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>() : uint64_t(j["seed"].get<int64_t>());
+  }
+  s->temperature = float(t);
+  s->top_p = float(p);
+  return Status::Ok();
+}
+
 Result<DecodeRequestMessage> ParseDecodeRequest(std::span<const uint8_t> body, uint32_t vocab, uint32_t max_prompt_len,
                                                 uint32_t max_new_tokens) {
   KV_ASSIGN_OR_RETURN(json j, ParseMessage(body, "request"));
@@ -300,10 +319,31 @@ Result<DecodeRequestMessage> ParseDecodeRequest(std::span<const uint8_t> body, u
   if (!IndexField(j, "max_new_tokens", UINT64_MAX, &max_new) || max_new == 0) {
     return Status::InvalidArgument("request " + std::to_string(m.id) + ": 'max_new_tokens' is not a positive integer");
   }
+  if (j.contains("stream")) {
+    if (!j["stream"].is_boolean()) return Status::InvalidArgument("request " + std::to_string(m.id) + ": 'stream' is not true or false");
+    m.stream = j["stream"].get<bool>();
+  }
+  KV_RETURN_IF_ERROR(ReadSampling(j, &m.sampling).WithContext("request " + std::to_string(m.id)));
   m.first_token = int(first);
   m.prompt_len = uint32_t(prompt);
   m.max_new_tokens = uint32_t(std::min<uint64_t>(max_new, max_new_tokens));
   return m;
+}
+
+Result<std::vector<int>> ParseTokensMessage(std::span<const uint8_t> body, uint32_t max_tokens, uint32_t vocab) {
+  KV_ASSIGN_OR_RETURN(json j, ParseMessage(body, "tokens"));
+  if (!j.contains("tokens") || !j["tokens"].is_array()) return Status::Corrupt("tokens message without a 'tokens' array");
+  const json& t = j["tokens"];
+  if (t.empty() || t.size() > max_tokens) {
+    return Status::Corrupt("tokens message of " + std::to_string(t.size()) + " tokens (1 to " + std::to_string(max_tokens) + " expected)");
+  }
+  std::vector<int> out;
+  for (const json& v : t) {
+    uint64_t id = 0;
+    if (!IndexField(json{{"t", v}}, "t", vocab, &id)) return Status::Corrupt("tokens message holds " + v.dump() + ", not a token id below " + std::to_string(vocab));
+    out.push_back(int(id));
+  }
+  return out;
 }
 
 Result<std::vector<uint32_t>> ParseResendMessage(std::span<const uint8_t> body, uint32_t n_frames) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvserve/frame.h"
+#include "kvserve/serve.h"
 #include "kvserve/transport.h"
 
 namespace kvserve::serve_internal {
@@ -40,6 +41,19 @@ Status Guarded(const char* what, F&& body) noexcept {
   }
 }
 
+// ---- JSON fields of request bodies, checked -------------------------------------------------------
+// The JSON object in `text`, its nesting bounded (kMaxRequestJsonDepth) before it is parsed: a
+// parser, a serialiser or a destructor that recurses per level would otherwise overflow a stack.
+Result<nlohmann::json> ParseJsonObject(std::string_view text);
+// An optional number field in [lo, hi]; `out` keeps its default when the field is absent.
+Status JsonNumber(const nlohmann::json& j, const char* key, double lo, double hi, double* out);
+// The same for a whole number (7.0 included).
+Status JsonWholeNumber(const nlohmann::json& j, const char* key, double lo, double hi, uint64_t* out);
+
+// Sampling fields of a body or message: temperature in [0, 100], top_p in (0, 1], seed an
+// integer; absent fields keep `s`'s values.
+Status ReadSampling(const nlohmann::json& j, Sampling* s);
+
 // ---- The decode port's JSON messages ----------------------------------------------------------
 // Each parser checks every field's type and range before anything is allocated from it, and
 // names the bad field; they are fuzzed (fuzz/serve_fuzz.cc).
@@ -63,6 +77,8 @@ struct DecodeRequestMessage {
   uint32_t max_new_tokens = 0;
   int first_token = 0;
   uint32_t prompt_len = 0;
+  bool stream = false;  // send tokens as generated (kTokens messages) before the result
+  Sampling sampling;    // as the prefill node picked the first token
 };
 // Limits of the receiving decode node: token ids below `vocab`, prompts below `max_prompt_len`
 // tokens, at most `max_new_tokens` generated.
@@ -76,6 +92,8 @@ struct DecodeResultMessage {
   double decode_s = 0, generate_s = 0;
 };
 Result<DecodeResultMessage> ParseDecodeResult(std::span<const uint8_t> body, uint32_t max_new_tokens, uint32_t vocab);
+// decode -> prefill, streaming: the next tokens (1 to max_tokens of them, each below vocab).
+Result<std::vector<int>> ParseTokensMessage(std::span<const uint8_t> body, uint32_t max_tokens, uint32_t vocab);
 // The reason an error message gives (a description when it gives none that is text).
 std::string ParseErrorMessage(std::span<const uint8_t> body);
 

@@ -21,6 +21,7 @@ const char* MessageKindName(MessageKind kind) {
     case MessageKind::kResend: return "resend";
     case MessageKind::kResult: return "result";
     case MessageKind::kError: return "error";
+    case MessageKind::kTokens: return "tokens";
   }
   return "unknown";
 }
@@ -113,7 +114,7 @@ class TcpConnection final : public Connection {
     }
     uint64_t len;
     std::memcpy(&len, header + 8, 8);
-    if (header[4] < uint8_t(MessageKind::kRequest) || header[4] > uint8_t(MessageKind::kError)) {
+    if (header[4] < uint8_t(MessageKind::kRequest) || header[4] > uint8_t(MessageKind::kTokens)) {
       Close();
       return Status::Corrupt("message from " + peer_ + " has unknown kind " + std::to_string(header[4]));
     }

@@ -263,7 +263,13 @@ TEST(ServeCli, HostileBodiesAreRefusedWithTheReasonAndServiceGoesOn) {
       if (line.rfind("# HELP ", 0) == 0) helped.insert(line.substr(7, line.find(' ', 7) - 7));
       else if (line.rfind("# TYPE ", 0) == 0) typed.insert(line.substr(7, line.find(' ', 7) - 7));
       else if (!line.empty()) {
-        const std::string name = line.substr(0, line.find_first_of("{ "));
+        std::string name = line.substr(0, line.find_first_of("{ "));
+        // A histogram's series are its name's _bucket, _sum and _count.
+        for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+          const std::string sfx = suffix;
+          const std::string base = name.size() > sfx.size() ? name.substr(0, name.size() - sfx.size()) : "";
+          if (name.size() > sfx.size() && name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0 && typed.count(base)) name = base;
+        }
         EXPECT_TRUE(helped.count(name) && typed.count(name)) << target << ": " << name << " has no HELP or TYPE";
       }
     }
@@ -271,6 +277,244 @@ TEST(ServeCli, HostileBodiesAreRefusedWithTheReasonAndServiceGoesOn) {
     ASSERT_TRUE(h) << target;
     EXPECT_EQ(h->status, 200) << target;
   }
+}
+
+// ---- The OpenAI API ----------------------------------------------------------------------------------
+
+struct Answer {
+  int status = 0;
+  std::string body;
+};
+
+Answer PostTo(const std::string& address, const std::string& path, const json& body) {
+  httplib::Client cli("http://" + address);
+  cli.set_read_timeout(std::chrono::seconds(60));
+  auto r = cli.Post(path, body.dump(), "application/json");
+  if (!r) return {-1, ""};
+  return {r->status, r->body};
+}
+
+// The `data:` events of a server-sent-event body, in order.
+std::vector<std::string> Events(const std::string& body) {
+  std::vector<std::string> out;
+  std::istringstream lines(body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: ", 0) == 0) out.push_back(line.substr(6));
+  }
+  return out;
+}
+
+// A streamed answer's text (completions or chat), and its usage chunk when there is one.
+std::string StreamedText(const std::vector<std::string>& events, bool chat, json* usage, std::string* finish) {
+  std::string text;
+  for (const std::string& e : events) {
+    if (e == "[DONE]") continue;
+    const json j = json::parse(e, nullptr, false);
+    if (!j.is_object()) continue;
+    if (j.contains("usage") && usage) *usage = j["usage"];
+    if (!j.contains("choices") || j["choices"].empty()) continue;
+    const json& c = j["choices"][0];
+    if (!c["finish_reason"].is_null() && finish) *finish = c["finish_reason"].get<std::string>();
+    if (chat && c.contains("delta") && c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+    if (!chat && c.contains("text")) text += c["text"].get<std::string>();
+  }
+  return text;
+}
+
+// `promtool check metrics` (Debian's prometheus package, installed by scripts/setup.sh) on the
+// text a node exports: its exit status and what it said.
+std::pair<int, std::string> Promtool(const std::string& metrics) {
+  const std::string path = ::testing::TempDir() + "/metrics_" + std::to_string(::getpid()) + ".txt";
+  std::ofstream(path) << metrics;
+  auto r = kvserve::testing::Shell("promtool check metrics < " + path + " 2>&1");
+  std::filesystem::remove(path);
+  return {r.code, r.out};
+}
+
+TEST(ServeCli, OpenAiApiThroughTheRouterGivesLocalTextWholeAndStreamed) {
+  auto mport = kvserve::FreeLoopbackPort();
+  ASSERT_TRUE(mport.ok());
+  const std::string decode_metrics = "127.0.0.1:" + std::to_string(*mport);
+  Process decode({"serve", "decode", "-m", "stories260K", "--listen", "127.0.0.1:0", "--metrics", decode_metrics, "--log-level", "quiet"});
+  ASSERT_FALSE(decode.address().empty());
+  Process prefill({"serve", "prefill", "-m", "stories260K", "--listen", "127.0.0.1:0", "--peer", decode.address(),
+                   "--strategy", "quant(kbits=8,vbits=8)", "--log-level", "quiet"});
+  ASSERT_FALSE(prefill.address().empty());
+  Process router({"serve", "router", "--listen", "127.0.0.1:0", "--peer", prefill.address(), "--log-level", "quiet"});
+  ASSERT_FALSE(router.address().empty());
+  httplib::Client cli("http://" + router.address());
+  auto health = cli.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto models = cli.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "stories260K") << models->body;
+
+  const std::string prompt = "Once upon a time";
+  const std::string local = Continuation("stories260K", prompt, 24);
+  // Whole: the text is local generation's, usage counts the tokens.
+  Answer whole = PostTo(router.address(), "/v1/completions", {{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}});
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json w = json::parse(whole.body);
+  EXPECT_EQ(w["object"], "text_completion");
+  EXPECT_EQ(w["choices"][0]["text"], local);
+  EXPECT_EQ(w["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(w["usage"]["completion_tokens"], 24);
+  EXPECT_EQ(w["usage"]["total_tokens"], w["usage"]["prompt_tokens"].get<int>() + 24);
+  EXPECT_EQ(w["kvserve"]["strategy"].get<std::string>().rfind("quant(", 0), 0u) << whole.body;
+  EXPECT_EQ(w["kvserve"]["router"]["prefill_node"], prefill.address());
+  // Streamed: the same text in order, a finish chunk, the usage chunk, then [DONE].
+  Answer streamed = PostTo(router.address(), "/v1/completions", {{"prompt", prompt}, {"max_tokens", 24}, {"stream", true},
+                                                                  {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const std::vector<std::string> events = Events(streamed.body);
+  ASSERT_GE(events.size(), 4u) << streamed.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  json usage;
+  std::string finish;
+  EXPECT_EQ(StreamedText(events, false, &usage, &finish), local);
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(usage["completion_tokens"], 24) << streamed.body;
+  EXPECT_TRUE(json::parse(events[events.size() - 2])["choices"].empty()) << "the usage chunk comes last, before [DONE]";
+  // Chat, whole and streamed, agree; a stop text ends the text before it.
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}}, {"max_tokens", 16}};
+  Answer chat_whole = PostTo(router.address(), "/v1/chat/completions", chat);
+  ASSERT_EQ(chat_whole.status, 200) << chat_whole.body;
+  json chat_stream_body = chat;
+  chat_stream_body["stream"] = true;
+  Answer chat_streamed = PostTo(router.address(), "/v1/chat/completions", chat_stream_body);
+  const std::vector<std::string> chat_events = Events(chat_streamed.body);
+  ASSERT_FALSE(chat_events.empty());
+  EXPECT_EQ(json::parse(chat_events[0])["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(StreamedText(chat_events, true, nullptr, nullptr), json::parse(chat_whole.body)["choices"][0]["message"]["content"].get<std::string>());
+  // Sampled: the draws `kvserve generate` makes with the same temperature, top_p and seed,
+  // streamed or whole.
+  {
+    auto local_sampled = kvserve::testing::Cli("generate -m stories260K -p '" + prompt + "' -n 24 -t 0.9 --top-p 0.8 --seed 7");
+    const size_t at = local_sampled.out.find(prompt);
+    ASSERT_NE(at, std::string::npos) << local_sampled.out;
+    const std::string want = local_sampled.out.substr(at + prompt.size(), local_sampled.out.find('\n', at) - at - prompt.size());
+    const json body = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0.9}, {"top_p", 0.8}, {"seed", 7}};
+    Answer sampled = PostTo(router.address(), "/v1/completions", body);
+    ASSERT_EQ(sampled.status, 200) << sampled.body;
+    EXPECT_EQ(json::parse(sampled.body)["choices"][0]["text"], want);
+    EXPECT_NE(want, local);
+    json sb = body;
+    sb["stream"] = true;
+    EXPECT_EQ(StreamedText(Events(PostTo(router.address(), "/v1/completions", sb).body), false, nullptr, nullptr), want);
+  }
+  Answer stopped = PostTo(router.address(), "/v1/completions", {{"prompt", prompt}, {"max_tokens", 24}, {"stop", "little"}});
+  ASSERT_EQ(stopped.status, 200);
+  const json st = json::parse(stopped.body);
+  EXPECT_EQ(st["choices"][0]["text"], local.substr(0, local.find("little")));
+  EXPECT_EQ(st["choices"][0]["finish_reason"], "stop");
+
+  // OpenAI-shaped errors naming the field, through the router and at the node.
+  std::string beyond = "[1";
+  for (int i = 0; i < 600; ++i) beyond += ",100";
+  beyond += "]";
+  struct Bad {
+    json body;
+    int status;
+    std::string param;
+  };
+  for (const Bad& b : std::vector<Bad>{{{{"model", "gpt-4"}, {"prompt", "x"}}, 404, "model"},
+                                       {{{"prompt", "x"}, {"max_tokens", 0}}, 400, "max_tokens"},
+                                       {{{"prompt", "x"}, {"max_tokens", 1000000}}, 400, "max_tokens"},
+                                       {{{"prompt", "x"}, {"max_tokens", "ten"}}, 400, "max_tokens"},
+                                       {{{"prompt", 5}}, 400, "prompt"},
+                                       {{{"prompt", json::parse(beyond)}}, 400, "prompt"},
+                                       {{{"prompt", "x"}, {"temperature", 3}}, 400, "temperature"},
+                                       {{{"prompt", "x"}, {"n", 2}}, 400, "n"},
+                                       {{{"prompt", "x"}, {"stream", "yes"}}, 400, "stream"}}) {
+    for (const std::string& target : {router.address(), prefill.address()}) {
+      Answer a = PostTo(target, "/v1/completions", b.body);
+      EXPECT_EQ(a.status, b.status) << b.body.dump() << " -> " << a.body;
+      const json e = json::parse(a.body, nullptr, false);
+      ASSERT_TRUE(e.is_object() && e.contains("error")) << a.body;
+      EXPECT_EQ(e["error"]["param"], b.param) << a.body;
+      EXPECT_TRUE(e["error"]["message"].is_string());
+    }
+  }
+
+  // A client that leaves mid-stream: the node lets the request go and serves the next.
+  {
+    const std::string addr = prefill.address();
+    const int port = std::stoi(addr.substr(addr.rfind(':') + 1));
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string body = json{{"prompt", prompt}, {"max_tokens", 400}, {"stream", true}}.dump();
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                            std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+    char buf[256];
+    pollfd pfd{fd, POLLIN, 0};
+    ASSERT_GT(::poll(&pfd, 1, 10000), 0);
+    EXPECT_GT(::recv(fd, buf, sizeof buf, 0), 0);
+    ::close(fd);
+  }
+  Answer after = PostTo(prefill.address(), "/v1/completions", {{"prompt", prompt}, {"max_tokens", 24}});
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(json::parse(after.body)["choices"][0]["text"], local);
+
+  // Every node's /metrics passes promtool after this traffic, with the latency histograms.
+  for (const std::string& target : {router.address(), prefill.address(), decode_metrics}) {
+    auto m = httplib::Client("http://" + target).Get("/metrics");
+    ASSERT_TRUE(m) << target;
+    auto [code, said] = Promtool(m->body);
+    EXPECT_EQ(code, 0) << target << ": " << said;
+  }
+  auto pm = httplib::Client("http://" + prefill.address()).Get("/metrics");
+  for (const char* series : {"kvserve_time_to_first_token_seconds_bucket", "kvserve_inter_token_latency_seconds_bucket",
+                             "kvserve_e2e_request_latency_seconds_count", "kvserve_compression_ratio_bucket", "kvserve_decisions_total{"}) {
+    EXPECT_NE(pm->body.find(series), std::string::npos) << series;
+  }
+}
+
+// The official `openai` npm client (scripts/setup.sh installs it into tests/npm) against a live
+// router: models, completions and chat, whole and streamed, usage, errors; the text is `kvserve
+// generate`'s for the same prompt.
+TEST(ServeCli, OfficialOpenAiClientGetsLocalTextFromTheRouter) {
+  const std::string dir = std::string(KVSERVE_SOURCE_DIR) + "/tests/npm";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/node_modules/openai/package.json"))
+      << "the openai npm client is not installed: run scripts/setup.sh";
+  Process decode({"serve", "decode", "-m", "stories260K", "--listen", "127.0.0.1:0", "--log-level", "quiet"});
+  Process prefill({"serve", "prefill", "-m", "stories260K", "--listen", "127.0.0.1:0", "--peer", decode.address(),
+                   "--strategy", "quant(kbits=4,vbits=4)", "--log-level", "quiet"});
+  Process router({"serve", "router", "--listen", "127.0.0.1:0", "--peer", prefill.address(), "--log-level", "quiet"});
+  ASSERT_FALSE(router.address().empty());
+  const std::string prompt = "Once upon a time";
+  const std::string expected = ::testing::TempDir() + "/openai_expected_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(expected) << json{{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", 24},
+                                  {"text", Continuation("stories260K", prompt, 24)}}.dump();
+  auto r = kvserve::testing::Shell("timeout 120 node " + dir + "/openai_client.mjs http://" + router.address() + " " + expected + " 2>&1");
+  std::filesystem::remove(expected);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("checks passed"), std::string::npos) << r.out;
+}
+
+TEST(ServeCli, PoolNodeOpenAiUsageCountsCachedTokens) {
+  Process pool({"serve", "pool", "-m", "stories260K", "--listen", "127.0.0.1:0", "--pool", "embedded", "--policy", "none",
+                "--chunk-tokens", "4", "--log-level", "quiet"});
+  ASSERT_FALSE(pool.address().empty());
+  EXPECT_EQ(httplib::Client("http://" + pool.address()).Get("/health")->status, 200);
+  const json body = {{"prompt", "Once upon a time there was a little dog who liked to run"}, {"max_tokens", 8}};
+  Answer first = PostTo(pool.address(), "/v1/completions", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  Answer second = PostTo(pool.address(), "/v1/completions", body);
+  ASSERT_EQ(second.status, 200) << second.body;
+  const json a = json::parse(first.body), b = json::parse(second.body);
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_GT(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << second.body;
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+  auto m = httplib::Client("http://" + pool.address()).Get("/metrics");
+  ASSERT_TRUE(m);
+  auto [code, said] = Promtool(m->body);
+  EXPECT_EQ(code, 0) << said;
 }
 
 // Out of descriptors (nofile 48, 70 idle connections): the decode node's accept loop backs off

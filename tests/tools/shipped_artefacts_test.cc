@@ -50,6 +50,8 @@ std::string Regenerate(const std::string& rel) {
       {"docs/results/e2e_repeatability", "build/kvserve bench e2e --kv-shape llama3-8b --prompt-tokens 4096 --bandwidths 2,5 "
                                          "--requests 24 --load 0.9 --json > docs/results/e2e_repeatability_runN.json, twice; "
                                          "docs/results/e2e_repeatability.md by hand from both"},
+      {"docs/results/http_front", "python3 scripts/http_front_bench.py --cli build/kvserve --baseline-cli OLD/build/kvserve "
+                                  "--seconds 10 --repeats 40 --json docs/results/http_front.json (docs/results/http_front.md by hand)"},
       {"docs/results/e2e_pool_redis", "build/kvserve bench e2e --mode pool --backend redis --bandwidths 5,10 --requests 12 "
                                       "--prompt-tokens 4096 --static kivi2,uniform8 --json --svg docs/results/e2e_pool_redis.svg > "
                                       "docs/results/e2e_pool_redis.json; then python3 scripts/e2e_pool_report.py (its .md)"},
@@ -256,6 +258,18 @@ TEST(ShippedArtefacts, PoolEndToEndResultsHaveTheCurrentFormat) {
       }
     }
     for (const char* k : {"none", "adaptive", "recompute"}) EXPECT_TRUE(policies.count(k)) << k;
+  }
+}
+
+TEST(ShippedArtefacts, HttpFrontResultsHaveTheCurrentFormat) {
+  const std::string rel = "docs/results/http_front.json";
+  const json j = ReadJson(rel);
+  ASSERT_TRUE(j.contains("runs") && j["runs"].size() >= 2) << Regenerate(rel);
+  for (const json& r : j["runs"]) {
+    for (const char* key : {"alone", "with_slow", "alone_again", "thousand", "wrk"}) {
+      EXPECT_TRUE(r.contains(key)) << rel << " lacks '" << key << "': " << Regenerate(rel);
+    }
+    EXPECT_TRUE(r["wrk"].contains("requests_per_s") && r["thousand"].contains("answered_200")) << Regenerate(rel);
   }
 }
 
