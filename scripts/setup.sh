@@ -7,7 +7,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libxxhash-dev libeigen3-dev libnlopt-cxx-dev nlohmann-json3-dev libcli11-dev nettle-dev
   libasio-dev libboost1.81-dev libcpp-httplib-dev iproute2 curl wrk prometheus
-  libhiredis-dev redis-server redis-tools
+  libhiredis-dev redis-server redis-tools libucx-dev ucx-utils
   clang libclang-rt-14-dev
   gnuplot-nox
   python3-dev python3-pybind11 python3-numpy python3-pytest

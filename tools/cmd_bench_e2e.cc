@@ -50,6 +50,7 @@ struct E2eFlags {
   bool allow_uncalibrated = false;
   double calibration_tolerance = 0.10;
   double inject_send_delay_ns = 0;  // test seam: per byte sent
+  std::string transport = "tcp";    // prefill to decode
   // Where the nodes run: "process" (each its own process, pinned) or "inproc"; the link: the
   // kernel's (netns), the in-process token bucket (shaper), or auto (netns where allowed).
   std::string nodes, link = "auto", cpus = "auto";
@@ -136,6 +137,7 @@ E2eSetup SetupOf(const E2eFlags& f, const SyntheticModel& sm, const Profile& pro
   s.netns_prefix = NetnsPrefix();
   s.cpu_prefill = f.cpu_prefill, s.cpu_decode = f.cpu_decode, s.cpu_router = f.cpu_router;
   s.send_delay_ns = f.inject_send_delay_ns;
+  s.transport = f.transport;
   s.mode = f.mode;
   s.pool_backend = f.backend;
   s.pool_address = f.pool_address;
@@ -354,6 +356,7 @@ json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, cons
           {"codec_threads", f.threads},
           {"nodes", f.nodes},
           {"link", f.link_used},
+          {"transport", f.transport},
           {"link_note", f.link_note},
           {"codec", {{"runs_on", "host CPU"},
                      {"threads_per_node", f.threads},
@@ -365,9 +368,9 @@ json RunHeader(const E2eFlags& f, const SyntheticModel& sm, double ceiling, cons
 // What the link kind carries on this machine, read three times: one reading on a noisy machine
 // decided measured or modelled by chance. The lowest is the ceiling; all are reported. Loopback
 // TCP for the token bucket; for the kernel's link, the same veth between two namespaces with no
-// rate set.
+// rate set; UCX between this process and a receiver process on the decode node's core.
 Result<std::vector<double>> LinkCeilingReadings(const E2eFlags& f) {
-  const std::unique_ptr<Transport> probe = MakeTcpTransport();
+  KV_ASSIGN_OR_RETURN(const std::unique_ptr<Transport> probe, MakeTransport(f.transport));
   std::unique_ptr<NetnsLink> veth;
   LinkEnds ends;
   if (f.link_used == "netns") {
@@ -376,6 +379,16 @@ Result<std::vector<double>> LinkCeilingReadings(const E2eFlags& f) {
   }
   std::vector<double> readings;
   for (int i = 0; i < 3; ++i) {
+    if (f.transport == "ucx" && !f.kvserve_exe.empty()) {
+      // Between two processes, as the nodes run: UCX's shared memory between two workers of one
+      // process is not what the nodes get.
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> rx,
+                          ChildProcess::Start({"link receiver", {f.kvserve_exe, "bench", "link", "--listen", "127.0.0.1:0",
+                                                                 "--transport", "ucx"}, f.cpu_decode}));
+      KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(probe.get(), rx->address(), 128));
+      readings.push_back(link.gbps);
+      continue;
+    }
     KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(probe.get(), "", 128, ends));
     readings.push_back(link.gbps);
   }
@@ -443,6 +456,17 @@ Status ResolveTestbed(E2eFlags* f) {
     }
     f->link_used = "shaper";
     f->link_note = "in the pool node: a token bucket paces its embedded pool's traffic";
+    return Status::Ok();
+  }
+  if (f->transport == "ucx") {
+    // UCX between processes of one machine goes through shared memory, not the veth: only the
+    // token bucket in the prefill process can pace it.
+    if (f->link == "netns") return Status::InvalidArgument("--transport ucx paces with --link shaper: shared memory bypasses a veth");
+    if (pool) return Status::InvalidArgument("--transport ucx is for --mode pd (prefill to decode)");
+    auto ucx = MakeTransport("ucx");
+    if (!ucx.ok()) return ucx.status();
+    f->link_used = "shaper";
+    f->link_note = "in the prefill process: a token bucket on UCX (shared memory between the node processes)";
     return Status::Ok();
   }
   f->link_used = f->link == "auto" ? "netns" : f->link;
@@ -882,6 +906,8 @@ void AddBenchE2eCommand(CLI::App& bench) {
   c->add_option("--capacity-requests", f->capacity_requests, "requests per capacity run")->capture_default_str()->check(InRange(2, 10000));
   c->add_option("--capacity-steps", f->capacity_steps, "bisection steps per capacity search (after bracketing)")
       ->capture_default_str()->check(InRange(0, 30));
+  c->add_option("--transport", f->transport, "prefill to decode: tcp | ucx (shared memory here; paced by --link shaper)")
+      ->capture_default_str()->check(CLI::IsMember(TransportNames()));
   c->add_option("--inject-send-delay-ns", f->inject_send_delay_ns,
                 "test seam: extra sending time per byte, an overhead the calibration must catch (0: none)")
       ->capture_default_str()->check(InRange(0, 1e6));

@@ -3,6 +3,7 @@
 // OpenAI API, /health, /metrics) on the asynchronous front of serve/http_server.h.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -149,10 +150,10 @@ struct NodeModel {
 };
 
 Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std::string& metrics_listen, double timeout_s,
-                 uint32_t max_connections, LogLevel log) {
+                 uint32_t max_connections, LogLevel log, const std::string& transport_name) {
   BlockStopSignals();
   KV_ASSIGN_OR_RETURN(NodeModel model, NodeModel::Load(mf));
-  auto transport = MakeTcpTransport();
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport, MakeTransport(transport_name));
   DecodeNode node(transport.get(), DecodeNodeOptions{.model = model.model.get(), .synthetic = model.synthetic.get(),
                                                      .env = Codec(), .request_timeout_s = timeout_s,
                                                      .max_connections = max_connections});
@@ -163,7 +164,7 @@ Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std:
   KV_RETURN_IF_ERROR(ParseHostPort(listen, &host, &port));
   std::printf("decode listening on %s:%u\n", host.c_str(), unsigned(node.port()));
   std::fflush(stdout);
-  if (log != LogLevel::kQuiet) std::fprintf(stderr, "decode node: %s, transport tcp\n", model.Describe().c_str());
+  if (log != LogLevel::kQuiet) std::fprintf(stderr, "decode node: %s, transport %s\n", model.Describe().c_str(), transport->name().c_str());
   serve_internal::HttpServer http({.name = "kvserve-decode", .max_body_bytes = 0});
   if (!metrics_listen.empty()) {
     http.Handle("GET", "/metrics", [&](serve_internal::HttpExchange& ex) {
@@ -186,23 +187,49 @@ Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std:
   return Status::Ok();
 }
 
-// The HTTP API of a node that serves requests itself (prefill, pool), on `flags`' front.
-Status ServeNodeApi(const NodeModel& model, const HttpFlags& flags, const std::string& listen, LogLevel log, const char* role,
-                    std::function<Result<ServeResponse>(const ServeRequest&, const TokenSink&)> serve,
-                    std::function<std::string()> metrics, std::function<double()> bandwidth_gbps,
-                    std::function<double()> latency_seconds) {
-  auto front = std::make_shared<serve_internal::NodeFront>();
-  front->role = role;
-  front->model = model.Api();
-  front->serve = std::move(serve);
-  front->metrics = std::move(metrics);
-  front->bandwidth_gbps = std::move(bandwidth_gbps);
-  front->latency_seconds = std::move(latency_seconds);
-  front->log = LogTo(log, LogLevel::kInfo);
-  serve_internal::HttpServer server(flags.Options(role, serve_internal::NodeBodyLimit(front->model)));
-  serve_internal::AddNodeRoutes(&server, front);
-  return ServeHttpUntilSignal(server, listen, role);
-}
+// The HTTP front of a node that serves requests itself (prefill, pool). It listens before the
+// node loads — /health answers 503 meanwhile, as llama.cpp's server does — and says "ROLE
+// listening on HOST:PORT" once the node serves, so scripts reading that line get a ready node.
+class NodeHttp {
+ public:
+  NodeHttp(const HttpFlags& flags, const char* role, LogLevel log)
+      : role_(role), front_(std::make_shared<serve_internal::NodeFront>()), server_(flags.Options(role, 64 << 10)) {
+    front_->role = role;
+    front_->log = LogTo(log, LogLevel::kInfo);
+    serve_internal::AddNodeRoutes(&server_, front_);
+  }
+  ~NodeHttp() { server_.Stop(); }
+  Status Listen(const std::string& address) {
+    KV_RETURN_IF_ERROR(ParseHostPort(address, &host_, &port_));
+    KV_ASSIGN_OR_RETURN(port_, server_.Start(address));
+    return Status::Ok();
+  }
+  // The node is loaded: the APIs serve from now on.
+  void Ready(const NodeModel& model, std::function<Result<ServeResponse>(const ServeRequest&, const TokenSink&)> serve,
+             std::function<std::string()> metrics, std::function<double()> bandwidth_gbps, std::function<double()> latency_seconds) {
+    serve_internal::NodeFront& f = *front_;
+    f.model = model.Api();
+    f.serve = std::move(serve);
+    f.metrics = std::move(metrics);
+    f.bandwidth_gbps = std::move(bandwidth_gbps);
+    f.latency_seconds = std::move(latency_seconds);
+    server_.SetMaxBodyBytes(serve_internal::NodeBodyLimit(f.model));
+    f.ready.store(true, std::memory_order_release);
+    std::printf("%s listening on %s:%u\n", role_, host_.c_str(), unsigned(port_));
+    std::fflush(stdout);
+  }
+  void ServeUntilSignal() {
+    WaitForStopSignal();
+    server_.Stop();
+  }
+
+ private:
+  const char* role_;
+  std::string host_;
+  uint16_t port_ = 0;
+  std::shared_ptr<serve_internal::NodeFront> front_;
+  serve_internal::HttpServer server_;
+};
 
 // The profile at `path`, or null when no path was given; warns when its speeds were measured
 // with another codec thread count than this node's.
@@ -214,6 +241,18 @@ Result<std::unique_ptr<Profile>> OptionalProfile(const std::string& path, int th
   return std::make_unique<Profile>(std::move(p));
 }
 
+// A node's front listens (its /health says 503), then the model and the profile load (after the
+// test seam's delay).
+Status ListenThenLoad(NodeHttp* http, const std::string& listen, double delay_s, const NodeModelFlags& mf,
+                      const std::string& profile_path, int threads, LogLevel log, NodeModel* model,
+                      std::unique_ptr<Profile>* profile) {
+  KV_RETURN_IF_ERROR(http->Listen(listen));
+  if (delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+  KV_ASSIGN_OR_RETURN(*model, NodeModel::Load(mf));
+  KV_ASSIGN_OR_RETURN(*profile, OptionalProfile(profile_path, threads, log));
+  return Status::Ok();
+}
+
 struct PrefillFlags {
   NodeModelFlags model;
   std::string listen = "127.0.0.1:8080", profile, strategy = "none", log_level = "info";
@@ -221,6 +260,8 @@ struct PrefillFlags {
   double timeout_s = 30, assume_gbps = 10, shape_gbps = 0;
   uint32_t corrupt_every = 0;
   double send_delay_ns = 0;  // test seam: the calibration must catch this overhead
+  double load_delay_s = 0;   // test seam: /health answers 503 this long before loading
+  std::string transport = "tcp";
   int threads = 1;
   HttpFlags http;
 };
@@ -228,11 +269,16 @@ struct PrefillFlags {
 Status RunPrefill(const PrefillFlags& f) {
   BlockStopSignals();
   const LogLevel log = ParseLogLevel(f.log_level);
-  KV_ASSIGN_OR_RETURN(NodeModel model, NodeModel::Load(f.model));
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile, f.threads, log));
+  // Declared before the front, so they outlive it.
+  NodeModel model;
+  std::unique_ptr<Profile> profile;
   std::unique_ptr<LinkShaper> shaper;
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<PrefillNode> node;
+  NodeHttp http(f.http, "prefill", log);
+  KV_RETURN_IF_ERROR(ListenThenLoad(&http, f.listen, f.load_delay_s, f.model, f.profile, f.threads, log, &model, &profile));
   if (f.shape_gbps > 0) shaper = std::make_unique<LinkShaper>(f.shape_gbps);
-  auto transport = MakeTcpTransport({.shaper = shaper.get(), .send_delay_s_per_byte = f.send_delay_ns * 1e-9});
+  KV_ASSIGN_OR_RETURN(transport, MakeTransport(f.transport, {.shaper = shaper.get(), .send_delay_s_per_byte = f.send_delay_ns * 1e-9}));
   PrefillNodeOptions o;
   o.model = model.model.get();
   o.synthetic = model.synthetic.get();
@@ -244,13 +290,15 @@ Status RunPrefill(const PrefillFlags& f) {
   o.request_timeout_s = f.timeout_s;
   o.corrupt_every = f.corrupt_every;
   o.pool = Pool(f.threads);
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefillNode> node, PrefillNode::Create(transport.get(), o));
+  KV_ASSIGN_OR_RETURN(node, PrefillNode::Create(transport.get(), o));
   for (uint32_t n : f.model.prepare_tokens) KV_RETURN_IF_ERROR(node->Prepare(n));
-  if (log != LogLevel::kQuiet) std::fprintf(stderr, "prefill node: %s, transport tcp\n", model.Describe().c_str());
-  return ServeNodeApi(model, f.http, f.listen, log, "prefill",
-                      [&](const ServeRequest& r, const TokenSink& sink) { return node->Serve(r, sink); },
-                      [&] { return node->metrics().Prometheus("prefill"); }, [&] { return node->bandwidth_estimate_gbps(); },
-                      [&] { return node->link_latency_seconds(); });
+  if (log != LogLevel::kQuiet) std::fprintf(stderr, "prefill node: %s, transport %s\n", model.Describe().c_str(), transport->name().c_str());
+  PrefillNode* n = node.get();
+  http.Ready(model, [n](const ServeRequest& r, const TokenSink& sink) { return n->Serve(r, sink); },
+             [n] { return n->metrics().Prometheus("prefill"); }, [n] { return n->bandwidth_estimate_gbps(); },
+             [n] { return n->link_latency_seconds(); });
+  http.ServeUntilSignal();
+  return Status::Ok();
 }
 
 struct PoolServeFlags {
@@ -259,6 +307,7 @@ struct PoolServeFlags {
   uint32_t chunk_tokens = kDefaultChunkTokens;
   uint64_t capacity_mib = 4096;
   double assume_gbps = 10, shape_gbps = 0;
+  double load_delay_s = 0;  // test seam
   int threads = 1;
   HttpFlags http;
 };
@@ -266,11 +315,15 @@ struct PoolServeFlags {
 Status RunPoolServe(const PoolServeFlags& f) {
   BlockStopSignals();
   const LogLevel log = ParseLogLevel(f.log_level);
-  KV_ASSIGN_OR_RETURN(NodeModel model, NodeModel::Load(f.model));
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Profile> profile, OptionalProfile(f.profile, f.threads, log));
-  if (f.policy == "adaptive" && !profile) return Status::InvalidArgument("--policy adaptive needs --profile");
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, MakePool(f.pool, f.capacity_mib << 20));
+  if (f.policy == "adaptive" && f.profile.empty()) return Status::InvalidArgument("--policy adaptive needs --profile");
+  NodeModel model;
+  std::unique_ptr<Profile> profile;
+  std::unique_ptr<KvPool> pool;
   std::unique_ptr<LinkShaper> shaper;
+  std::unique_ptr<PoolNode> node;
+  NodeHttp http(f.http, "pool", log);
+  KV_RETURN_IF_ERROR(ListenThenLoad(&http, f.listen, f.load_delay_s, f.model, f.profile, f.threads, log, &model, &profile));
+  KV_ASSIGN_OR_RETURN(pool, MakePool(f.pool, f.capacity_mib << 20));
   if (f.shape_gbps > 0) shaper = std::make_unique<LinkShaper>(f.shape_gbps);
   PoolNodeOptions o;
   o.model = model.model.get();
@@ -283,15 +336,17 @@ Status RunPoolServe(const PoolServeFlags& f) {
   o.profile = profile.get();
   o.assume_gbps = f.shape_gbps > 0 ? f.shape_gbps : f.assume_gbps;
   o.threads = Pool(f.threads);
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<PoolNode> node, PoolNode::Create(o));
+  KV_ASSIGN_OR_RETURN(node, PoolNode::Create(o));
   for (uint32_t n : f.model.prepare_tokens) KV_RETURN_IF_ERROR(node->Prepare(n));
   if (log != LogLevel::kQuiet) {
     std::fprintf(stderr, "pool node: %s, pool %s, policy %s\n", model.Describe().c_str(), pool->name().c_str(), f.policy.c_str());
   }
-  return ServeNodeApi(model, f.http, f.listen, log, "pool",
-                      [&](const ServeRequest& r, const TokenSink& sink) { return node->Serve(r, sink); },
-                      [&] { return node->metrics().Prometheus("pool"); }, [&] { return node->bandwidth_estimate_gbps(); },
-                      [&] { return node->link_latency_seconds(); });
+  PoolNode* n = node.get();
+  http.Ready(model, [n](const ServeRequest& r, const TokenSink& sink) { return n->Serve(r, sink); },
+             [n] { return n->metrics().Prometheus("pool"); }, [n] { return n->bandwidth_estimate_gbps(); },
+             [n] { return n->link_latency_seconds(); });
+  http.ServeUntilSignal();
+  return Status::Ok();
 }
 
 // The router: one HTTP front for several prefill nodes. It labels each request's workload (its
@@ -315,13 +370,20 @@ Status RunRouter(const std::string& listen, const std::vector<std::string>& peer
 // `bench link`: what the transport carries over this machine's link. With --listen it is the
 // receiving end (run it in the other namespace); with --connect the sending end; with neither,
 // both ends in this process over loopback. A memcpy of the same bytes is the baseline.
-// The receiving end of a link measurement: takes frames until `end`, then confirms the count.
+// The receiving end of a link measurement: takes frames until `end`, then confirms the count;
+// echoes a request back as a result at once (round trips).
 Status ReceiveUntilEnd(Connection* c) {
   uint64_t got = 0;
+  ByteBuffer storage;
   while (true) {
-    KV_ASSIGN_OR_RETURN(Message m, c->Receive(DeadlineIn(120)));
+    KV_ASSIGN_OR_RETURN(Message m, c->Receive(DeadlineIn(120), &storage));
     if (m.kind == MessageKind::kEnd) break;
-    got += m.body.size();
+    if (m.kind == MessageKind::kRequest) {
+      KV_RETURN_IF_ERROR(c->Send(MessageKind::kResult, m.body, DeadlineIn(10)));
+    } else {
+      got += m.body.size();
+    }
+    storage = std::move(m.body);
   }
   const std::string body = json{{"bytes", got}}.dump();
   return c->Send(MessageKind::kResult, std::span(reinterpret_cast<const uint8_t*>(body.data()), body.size()), DeadlineIn(10));
@@ -370,13 +432,44 @@ Result<LinkMeasurement> MeasureLink(Transport* transport, const std::string& con
 
 namespace {
 
-Status RunBenchLink(const std::string& listen, const std::string& connect, uint32_t mib, double shape_gbps, bool as_json) {
+// `bench link --compare`: each transport between two processes, per message size (library
+// harness CompareLinks), as a table or JSON.
+Status RunBenchLinkCompare(const LinkCompareOptions& o, bool as_json) {
+  KV_ASSIGN_OR_RETURN(LinkCompareResult r, CompareLinks(o, [](const std::string& what) {
+    std::fprintf(stderr, "bench link: %s\n", what.c_str());
+  }));
+  if (as_json) {
+    std::printf("%s\n", LinkCompareJson(o, r).c_str());
+    return Status::Ok();
+  }
+  std::printf("%-10s %8s %28s %10s\n", "transport", "message", "Gbit/s median (min-max)", "vs first");
+  for (const LinkComparePoint& p : r.points) {
+    const auto first = std::find_if(r.points.begin(), r.points.end(), [&](const LinkComparePoint& q) { return q.message_mib == p.message_mib; });
+    std::printf("%-10s %5u MiB %14.2f (%5.2f-%5.2f) %9.2fx\n", p.transport.c_str(), p.message_mib, p.median_gbps(),
+                *std::min_element(p.gbps.begin(), p.gbps.end()), *std::max_element(p.gbps.begin(), p.gbps.end()),
+                p.median_gbps() / first->median_gbps());
+  }
+  for (const auto& [name, us] : r.round_trip_us) {
+    std::vector<double> s = us;
+    std::sort(s.begin(), s.end());
+    std::printf("%-10s %u KiB round trip: median %.1f us (p10 %.1f, p90 %.1f) over %zu\n", name.c_str(), o.pingpong_kib,
+                s[s.size() / 2], s[s.size() / 10], s[s.size() * 9 / 10], s.size());
+  }
+  std::printf("memcpy baseline: %.1f Gbit/s (one core)\n", r.memcpy_gbps);
+  return Status::Ok();
+}
+
+Status RunBenchLink(const std::string& listen, const std::string& connect, uint32_t mib, double shape_gbps, bool as_json,
+                    const std::string& transport_name) {
   std::unique_ptr<LinkShaper> shaper;
   if (shape_gbps > 0) shaper = std::make_unique<LinkShaper>(shape_gbps);
-  auto transport = MakeTcpTransport({.shaper = shaper.get()});
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport, MakeTransport(transport_name, {.shaper = shaper.get()}));
   if (!listen.empty()) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener, transport->Listen(listen));
-    std::printf("bench link listening on %s\n", listen.c_str());
+    std::string host;
+    uint16_t port;
+    KV_RETURN_IF_ERROR(ParseHostPort(listen, &host, &port));
+    std::printf("bench link listening on %s:%u\n", host.c_str(), unsigned(listener->port()));
     std::fflush(stdout);
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, listener->Accept(DeadlineIn(600)));
     return ReceiveUntilEnd(c.get());
@@ -391,12 +484,12 @@ Status RunBenchLink(const std::string& listen, const std::string& connect, uint3
   const double m0 = NowSeconds();
   for (uint64_t done = 0; done < total; done += chunk) std::memcpy(dst.data(), buf.data(), chunk);
   const double memcpy_s = std::max(1e-9, NowSeconds() - m0);
-  const json out = {{"target", target}, {"loopback", connect.empty()}, {"bytes", total}, {"seconds", seconds},
+  const json out = {{"target", target}, {"transport", transport_name}, {"loopback", connect.empty()}, {"bytes", total}, {"seconds", seconds},
                     {"gbps", gbps}, {"shaped_gbps", shape_gbps}, {"memcpy_gbps", double(total) * 8 / memcpy_s / 1e9}};
   if (as_json) {
     std::printf("%s\n", out.dump(1).c_str());
   } else {
-    std::printf("link to %s: %.2f Gbit/s over %.0f MiB (%s; memcpy %.1f Gbit/s)\n", target.c_str(), gbps, double(mib),
+    std::printf("link to %s over %s: %.2f Gbit/s over %.0f MiB (%s; memcpy %.1f Gbit/s)\n", target.c_str(), transport_name.c_str(), gbps, double(mib),
                 shape_gbps > 0 ? ("shaped in-process to " + json(shape_gbps).dump() + " Gbit/s").c_str() : "unshaped",
                 out["memcpy_gbps"].get<double>());
   }
@@ -415,12 +508,37 @@ void AddServeCommands(CLI::App& app) {
     auto mib = std::make_shared<uint32_t>(256);
     auto shape = std::make_shared<double>(0);
     auto as_json = std::make_shared<bool>(false);
-    auto* l = c->add_option("--listen", *listen, "be the receiving end on host:port");
+    auto transport = std::make_shared<std::string>("tcp");
+    auto compare = std::make_shared<LinkCompareOptions>();
+    compare->transports.clear();
+    auto* l = c->add_option("--listen", *listen, "be the receiving end on host:port (one connection; port 0: a free one, printed)");
     c->add_option("--connect", *connect, "be the sending end, to host:port")->excludes(l);
-    c->add_option("--mib", *mib, "MiB to send")->capture_default_str()->check(InRange(4, 1 << 16));
+    c->add_option("--mib", *mib, "MiB to send (per point with --compare)")->capture_default_str()->check(InRange(4, 1 << 16));
     c->add_option("--shape-gbps", *shape, "pace with the in-process token bucket (0: off)")->capture_default_str()->check(InRange(0, 1e4));
     c->add_flag("--json", *as_json, "machine-readable output");
-    SetAction(c, [=]() { return RunBenchLink(*listen, *connect, *mib, *shape, *as_json); });
+    c->add_option("--transport", *transport, "tcp | ucx")->capture_default_str()->check(CLI::IsMember(TransportNames()));
+    auto* cmp = c->add_option("--compare", compare->transports,
+                              "transports to compare between two processes of this machine (e.g. tcp,ucx): a receiver "
+                              "process each, per message size and repeat, then small-message round trips")
+                    ->delimiter(',')->check(CLI::IsMember(TransportNames()))->excludes(l);
+    c->add_option("--message-mib", compare->message_mib, "--compare: message sizes in MiB")->delimiter(',')->capture_default_str()
+        ->check(InRange(1, 1024));
+    c->add_option("--repeats", compare->repeats, "--compare: repeats per point")->capture_default_str()->check(InRange(1, 100));
+    c->add_option("--pingpong-kib", compare->pingpong_kib, "--compare: round-trip message size in KiB")->capture_default_str()
+        ->check(InRange(1, 1 << 16));
+    (void)cmp;
+    SetAction(c, [=]() -> Status {
+      if (!compare->transports.empty()) {
+        LinkCompareOptions o = *compare;
+        char exe[4096];
+        const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n <= 0) return Status::IoError("cannot find this executable (/proc/self/exe) to start the receivers");
+        o.cli.assign(exe, size_t(n));
+        o.total_mib = *mib;
+        return RunBenchLinkCompare(o, *as_json);
+      }
+      return RunBenchLink(*listen, *connect, *mib, *shape, *as_json, *transport);
+    });
     AddBenchE2eCommand(*bench);
     AddBenchPoolCommand(*bench);
   }
@@ -446,7 +564,10 @@ void AddServeCommands(CLI::App& app) {
     c->add_option("--max-connections", *max_connections, "connections served at once (a thread each); more are refused")
         ->capture_default_str()->check(InRange(1, 1 << 16));
     c->add_option("--log-level", *log, "quiet | info | debug")->capture_default_str()->check(levels);
-    SetAction(c, [=]() { return RunDecode(*mf, *listen, *metrics, *timeout, *max_connections, ParseLogLevel(*log)); });
+    auto transport = std::make_shared<std::string>("tcp");
+    c->add_option("--transport", *transport, "from the prefill nodes: tcp | ucx (shared memory here, RDMA between machines)")
+        ->capture_default_str()->check(CLI::IsMember(TransportNames()));
+    SetAction(c, [=]() { return RunDecode(*mf, *listen, *metrics, *timeout, *max_connections, ParseLogLevel(*log), *transport); });
   }
   {
     auto* c = serve->add_subcommand("prefill", "Prefill node: HTTP POST /generate and the OpenAI API (/v1/completions, /v1/chat/completions); prefills, chooses a strategy, streams KV to a decode node");
@@ -468,6 +589,10 @@ void AddServeCommands(CLI::App& app) {
         ->capture_default_str()->check(InRange(0, 1e9));
     c->add_option("--log-level", f->log_level, "quiet | info (a JSON line per request) | debug")->capture_default_str()->check(levels);
     f->http.Add(c);
+    c->add_option("--inject-load-delay", f->load_delay_s, "test seam: seconds the node waits before loading (its /health answers 503)")
+        ->capture_default_str()->check(InRange(0, 600));
+    c->add_option("--transport", f->transport, "to the decode nodes: tcp | ucx (shared memory here, RDMA between machines)")
+        ->capture_default_str()->check(CLI::IsMember(TransportNames()));
     SetAction(c, [=]() { return RunPrefill(*f); });
   }
   {
@@ -487,6 +612,8 @@ void AddServeCommands(CLI::App& app) {
     c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));
     c->add_option("--log-level", f->log_level, "quiet | info (a JSON line per request) | debug")->capture_default_str()->check(levels);
     f->http.Add(c);
+    c->add_option("--inject-load-delay", f->load_delay_s, "test seam: seconds the node waits before loading (its /health answers 503)")
+        ->capture_default_str()->check(InRange(0, 600));
     SetAction(c, [=]() { return RunPoolServe(*f); });
   }
   {

@@ -69,6 +69,7 @@ struct E2eSetup {
   std::string kvserve_exe, netns_script, netns_prefix;
   int cpu_prefill = -1, cpu_decode = -1, cpu_router = -1;
   double send_delay_ns = 0;  // test seam: the sender's extra time per byte
+  std::string transport = "tcp";  // prefill to decode: tcp | ucx (pd mode)
   // The share of the link's rate that carries payload, for the calibration's prediction: 1 for
   // the token bucket (it counts payload); the kernel's link (tbf) counts each segment's TCP/IP
   // and Ethernet headers, 1448 payload bytes of 1514 on the wire (kKernelLinkPayloadShare).

@@ -143,6 +143,7 @@ struct ProcessTestbedOptions {
   int cpu_prefill = -1, cpu_decode = -1, cpu_router = -1;
   double timeout_s = 600;
   double send_delay_ns = 0;  // test seam: the prefill node's extra sending time per byte
+  std::string transport = "tcp";  // between prefill and decode: tcp | ucx
   // mode pool. Backend "embedded": the pool lives in the pool node, whose token bucket paces
   // its traffic (link shaper only). "redis": a redis-server process of its own (on the decode
   // node's core; with link netns in the receiver namespace, so pool traffic crosses the veth).
@@ -186,5 +187,35 @@ class ProcessTestbed {
 
 // A TCP port on 127.0.0.1 that was free a moment ago (for a server that cannot be told port 0).
 Result<uint16_t> FreeLoopbackPort();
+
+// `bench link --compare`: each transport between two processes of this machine in one run. A
+// receiver process (`cli bench link --listen 127.0.0.1:0 --transport T`) takes `total_mib` in
+// messages of each size after one untimed message, and confirms the count; transports alternate
+// within each repeat. Then small messages' round trips (the receiver echoes them), and a memcpy
+// of the same bytes as the baseline.
+struct LinkCompareOptions {
+  std::string cli;  // the kvserve executable that runs the receivers
+  std::vector<std::string> transports = {"tcp", "ucx"};
+  std::vector<uint32_t> message_mib = {4, 16, 64};
+  uint32_t total_mib = 512;
+  int repeats = 3;
+  uint32_t pingpong_kib = 64;
+  int pingpongs = 200;
+  int receiver_cpu = -1;  // pin the receiver (-1: not pinned)
+};
+struct LinkComparePoint {
+  std::string transport;
+  uint32_t message_mib = 0;
+  std::vector<double> gbps;  // one per repeat
+  double median_gbps() const;
+};
+struct LinkCompareResult {
+  std::vector<LinkComparePoint> points;
+  std::vector<std::pair<std::string, std::vector<double>>> round_trip_us;  // per transport
+  double memcpy_gbps = 0;
+};
+Result<LinkCompareResult> CompareLinks(const LinkCompareOptions& opts, const std::function<void(const std::string&)>& progress = nullptr);
+// The result as JSON text (points with median, min, max; round-trip median, p10, p90).
+std::string LinkCompareJson(const LinkCompareOptions& opts, const LinkCompareResult& r);
 
 }  // namespace kvserve

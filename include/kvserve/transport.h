@@ -8,6 +8,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvserve/kv.h"
 #include "kvserve/status.h"
@@ -102,6 +103,16 @@ class Transport {
 // TCP on standalone asio: each message is a 16-byte header (magic "KVSM", kind, length) and the
 // body; TCP_NODELAY, so the last layer of a request is not held back.
 std::unique_ptr<Transport> MakeTcpTransport(const TcpOptions& opts = {});
+
+// UCX: UCP tagged messages — shared memory (posix, sysv, cma) between processes on one machine,
+// RDMA between machines, as NIXL and Mooncake run — with TCP's framing, limits, deadlines and
+// failure semantics; a TCP side channel swaps worker addresses and tells when a peer is gone.
+// `opts.shaper` paces it too. kUnsupported in a build without libucx, saying so.
+Result<std::unique_ptr<Transport>> MakeUcxTransport(const TcpOptions& opts = {});
+bool UcxAvailable();  // whether this build has the UCX transport
+// By name: "tcp" (the default everywhere) or "ucx".
+Result<std::unique_ptr<Transport>> MakeTransport(const std::string& name, const TcpOptions& opts = {});
+std::vector<std::string> TransportNames();
 
 // "host:port" with a port in [0, 65535]; errors name the text.
 Status ParseHostPort(const std::string& address, std::string* host, uint16_t* port);

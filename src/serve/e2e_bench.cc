@@ -14,10 +14,10 @@ namespace kvserve {
 
 // ---- The nodes of a run ----------------------------------------------------------------------------
 
-// Both nodes in this process over TCP, paced to the link rate by the in-process token bucket.
+// Both nodes in this process over the setup's transport, paced to the link rate by the
+// in-process token bucket.
 struct E2eBed::InProcess {
-  InProcess(double gbps, double send_delay_s_per_byte)
-      : shaper(gbps), transport(MakeTcpTransport({.shaper = &shaper, .send_delay_s_per_byte = send_delay_s_per_byte})) {}
+  explicit InProcess(double gbps) : shaper(gbps) {}
   ~InProcess() {
     prefill.reset();
     if (decode) decode->Stop();
@@ -84,7 +84,8 @@ Result<std::unique_ptr<E2eBed>> E2eBed::Start(const E2eSetup& s, double gbps, co
     return bed;
   }
   if (s.nodes == "inproc") {
-    auto t = std::make_unique<InProcess>(gbps, s.send_delay_ns * 1e-9);
+    auto t = std::make_unique<InProcess>(gbps);
+    KV_ASSIGN_OR_RETURN(t->transport, MakeTransport(s.transport, {.shaper = &t->shaper, .send_delay_s_per_byte = s.send_delay_ns * 1e-9}));
     DecodeNodeOptions d;
     d.synthetic = s.model;
     d.request_timeout_s = 600;
@@ -127,6 +128,7 @@ Result<std::unique_ptr<E2eBed>> E2eBed::Start(const E2eSetup& s, double gbps, co
   o.link = s.link;
   o.netns_script = s.netns_script;
   o.netns_prefix = s.netns_prefix;
+  o.transport = s.transport;
   o.threads = s.threads;
   o.cpu_prefill = s.cpu_prefill, o.cpu_decode = s.cpu_decode, o.cpu_router = s.cpu_router;
   o.send_delay_ns = s.send_delay_ns;

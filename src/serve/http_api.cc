@@ -272,12 +272,29 @@ void ServeCompletion(HttpExchange& ex, bool chat, const NodeFront& f, FrontMetri
 
 }  // namespace
 
+namespace {
+
+// Until the node is ready, its APIs answer 503 (as llama.cpp's server does while loading).
+bool Loading(const NodeFront& f, HttpExchange& ex, bool openai) {
+  if (f.ready.load(std::memory_order_acquire)) return false;
+  const Status st = Status::Unavailable("the node is loading its model; try again shortly (GET /health says when)");
+  if (openai) {
+    ReplyOpenAiError(ex, ErrorFromStatus(st));
+  } else {
+    ReplyGenerateError(ex, st);
+  }
+  return true;
+}
+
+}  // namespace
+
 void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front) {
   auto fm = std::make_shared<FrontMetrics>();
   auto next_id = std::make_shared<std::atomic<uint64_t>>(1);
   server->Handle("POST", "/generate", [front, fm, next_id](HttpExchange& ex) {
     const double t0 = Now();
     const NodeFront& f = *front;
+    if (Loading(f, ex, false)) return;
     auto parsed = ParseServeRequest(ex.request().body, f.model.tokenizer, f.model.max_prompt);
     if (!parsed.ok()) {
       fm->CountRequest("generate", HttpStatusFor(parsed.status()));
@@ -303,23 +320,30 @@ void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front) {
     }
     ex.Reply(200, "application/json", body + "\n");
   });
-  server->Handle("POST", "/v1/completions", [front, fm, next_id](HttpExchange& ex) { ServeCompletion(ex, false, *front, *fm, *next_id); });
-  server->Handle("POST", "/v1/chat/completions", [front, fm, next_id](HttpExchange& ex) { ServeCompletion(ex, true, *front, *fm, *next_id); });
-  server->Handle("GET", "/v1/models", [front](HttpExchange& ex) { ex.Reply(200, "application/json", ModelsJson(front->model, "kvserve")); });
+  server->Handle("POST", "/v1/completions", [front, fm, next_id](HttpExchange& ex) {
+    if (!Loading(*front, ex, true)) ServeCompletion(ex, false, *front, *fm, *next_id);
+  });
+  server->Handle("POST", "/v1/chat/completions", [front, fm, next_id](HttpExchange& ex) {
+    if (!Loading(*front, ex, true)) ServeCompletion(ex, true, *front, *fm, *next_id);
+  });
+  server->Handle("GET", "/v1/models", [front](HttpExchange& ex) {
+    if (!Loading(*front, ex, true)) ex.Reply(200, "application/json", ModelsJson(front->model, "kvserve"));
+  });
   server->Handle("GET", "/health", [front](HttpExchange& ex) {
-    const bool ready = !front->ready || front->ready();
+    const bool ready = front->ready.load(std::memory_order_acquire);
     ex.Reply(ready ? 200 : 503, "application/json", ready ? "{\"status\":\"ok\"}\n" : "{\"status\":\"loading\"}\n");
   });
   server->Handle("GET", "/metrics", [front, fm](HttpExchange& ex) {
     const NodeFront& f = *front;
-    std::string m = f.metrics ? f.metrics() : "";
+    const bool ready = f.ready.load(std::memory_order_acquire);
+    std::string m = ready && f.metrics ? f.metrics() : "";
     m += fm->Prometheus(f.role);
-    if (f.bandwidth_gbps) {
+    if (ready && f.bandwidth_gbps) {
       m += "# HELP kvserve_bandwidth_estimate_gbps the estimator's current link bandwidth\n"
            "# TYPE kvserve_bandwidth_estimate_gbps gauge\nkvserve_bandwidth_estimate_gbps{node=\"" + f.role + "\"} " +
            Num(f.bandwidth_gbps()) + "\n";
     }
-    if (f.latency_seconds) {
+    if (ready && f.latency_seconds) {
       m += "# HELP kvserve_link_latency_seconds the estimator's per-transfer latency, from transfers under 256 KiB\n"
            "# TYPE kvserve_link_latency_seconds gauge\nkvserve_link_latency_seconds{node=\"" + f.role + "\"} " +
            Num(f.latency_seconds()) + "\n";

@@ -5,6 +5,7 @@
 // prefill nodes within each request's deadline and relays streams as they come.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -63,10 +64,12 @@ struct NodeFront {
   std::function<std::string()> metrics;          // the node's own counters (Prometheus text)
   std::function<double()> bandwidth_gbps, latency_seconds;
   std::function<void(const std::string&)> log;   // one JSON line per request; null: quiet
-  std::function<bool()> ready;                   // /health: 200 once true (null: always)
+  // False while the node loads (its model, profile, prepared KV): /health answers 503 and the
+  // APIs 503 "loading"; every field above is set before it turns true, and not after.
+  std::atomic<bool> ready{false};
 };
 // Registers /generate, /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics and
-// an OpenAI-shaped 404 for the rest. `server` must have been made with NodeBodyLimit's bound.
+// an OpenAI-shaped 404 for the rest. Once ready, set the server's body limit to NodeBodyLimit's.
 void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front);
 // The longest body a valid request can have: its prompt as text (every token at most the
 // longest piece, escaped) or as ids, and the other fields.

@@ -55,9 +55,10 @@ std::string_view HttpReason(int status) {
 class HttpSession;
 
 struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
-  explicit Impl(HttpServerOptions o) : opts(std::move(o)), acceptor(ioc) {}
+  explicit Impl(HttpServerOptions o) : opts(std::move(o)), max_body(opts.max_body_bytes), acceptor(ioc) {}
 
   HttpServerOptions opts;
+  std::atomic<size_t> max_body;
   std::map<std::pair<std::string, std::string>, HttpHandler> routes;
   std::set<std::string> paths;
   HttpHandler fallback;
@@ -193,7 +194,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void ReadHeader() {
     parser_.emplace();
     parser_->header_limit(uint32_t(srv_->opts.max_header_bytes));
-    parser_->body_limit(srv_->opts.max_body_bytes);
+    parser_->body_limit(srv_->max_body.load());
     // One deadline for the whole request from here: header and body, however it trickles in.
     stream_.expires_after(Dur(srv_->opts.request_deadline_s));
     http::async_read_header(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -229,7 +230,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     int status = 400;
     std::string why = "malformed HTTP request: " + ec.message();
     if (ec == http::error::header_limit) status = 431, why = "request header over " + std::to_string(srv_->opts.max_header_bytes) + " bytes";
-    if (ec == http::error::body_limit) status = 413, why = "request body over " + std::to_string(srv_->opts.max_body_bytes) + " bytes";
+    if (ec == http::error::body_limit) status = 413, why = "request body over " + std::to_string(srv_->max_body.load()) + " bytes";
     auto res = std::make_shared<http::response<http::string_body>>(http::int_to_status(unsigned(status)), 11);
     res->set(http::field::server, srv_->opts.name);
     res->set(http::field::content_type, "text/plain");
@@ -427,6 +428,8 @@ void HttpServer::Handle(const std::string& method, const std::string& path, Http
 }
 
 void HttpServer::SetFallback(HttpHandler handler) { impl_->fallback = std::move(handler); }
+
+void HttpServer::SetMaxBodyBytes(size_t bytes) { impl_->max_body = bytes; }
 
 Result<uint16_t> HttpServer::Start(const std::string& address) {
   Impl& s = *impl_;

@@ -72,6 +72,8 @@ class HttpServer {
 
   void Handle(const std::string& method, const std::string& path, HttpHandler handler);  // before Start
   void SetFallback(HttpHandler handler);
+  // The body limit from the next request on (a node learns its model's after it listens).
+  void SetMaxBodyBytes(size_t bytes);
   // Listens on "host:port" (port 0: a free one) and serves; returns the port.
   Result<uint16_t> Start(const std::string& address);
   // Stops accepting, closes every connection, waits for running handlers to return.

@@ -332,7 +332,8 @@ Status ProcessTestbed::StartPd(const ProcessTestbedOptions& o, const std::string
                                const std::string& timeout) {
   ChildSpec decode{"decode",
                    {o.kvserve, "serve", "decode", "--kv-shape", o.kv_shape, "--gpu", o.gpu, "--listen",
-                    link_ ? std::string(NetnsLink::kReceiverIp) + ":0" : here, "--timeout", timeout, "--log-level", "quiet"},
+                    link_ ? std::string(NetnsLink::kReceiverIp) + ":0" : here, "--timeout", timeout, "--log-level", "quiet",
+                    "--transport", o.transport},
                    o.cpu_decode,
                    link_ ? link_->receiver() : ""};
   const std::string prepare = CommaList(o.prepare_tokens);
@@ -345,7 +346,8 @@ Status ProcessTestbed::StartPd(const ProcessTestbedOptions& o, const std::string
   KV_ASSIGN_OR_RETURN(decode_, ChildProcess::Start(decode));
   std::vector<std::string> prefill_argv = {o.kvserve, "serve", "prefill", "--kv-shape", o.kv_shape, "--gpu", o.gpu,
                                            "--listen", here, "--peer", decode_->address(), "--assume-gbps", gbps,
-                                           "--timeout", timeout, "--threads", std::to_string(o.threads), "--log-level", "quiet"};
+                                           "--timeout", timeout, "--threads", std::to_string(o.threads), "--log-level", "quiet",
+                                           "--transport", o.transport};
   if (!prepare.empty()) prefill_argv.insert(prefill_argv.end(), {"--prepare-tokens", prepare});
   if (!o.profile.empty()) {
     prefill_argv.insert(prefill_argv.end(), {"--profile", o.profile});

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kvserve/transport.h"
+#include "transfer/message_header.h"
 
 namespace kvserve {
 
@@ -63,8 +64,7 @@ Status ParseHostPort(const std::string& address, std::string* host, uint16_t* po
 
 namespace {
 
-constexpr char kMagic[4] = {'K', 'V', 'S', 'M'};
-constexpr size_t kHeader = 16;
+constexpr size_t kHeader = transfer_internal::kHeaderBytes;
 
 // Milliseconds to wait in poll() before `deadline`, in slices so a closed flag is seen soon.
 int PollMs(Clock::time_point deadline) {
@@ -87,11 +87,8 @@ class TcpConnection final : public Connection {
 
   Status Send(MessageKind kind, std::span<const uint8_t> body, Clock::time_point deadline) override {
     std::lock_guard<std::mutex> lock(send_mu_);
-    uint8_t header[kHeader] = {0};
-    std::memcpy(header, kMagic, 4);
-    header[4] = uint8_t(kind);
-    const uint64_t len = body.size();
-    std::memcpy(header + 8, &len, 8);
+    uint8_t header[kHeader];
+    transfer_internal::WriteHeader(kind, body.size(), header);
     KV_RETURN_IF_ERROR(WriteAll(header, kHeader, deadline));
     // Shaped in slices so one large frame does not hold the link past its share of time.
     constexpr size_t kSlice = 256 << 10;
@@ -108,24 +105,12 @@ class TcpConnection final : public Connection {
     std::lock_guard<std::mutex> lock(recv_mu_);
     uint8_t header[kHeader];
     KV_RETURN_IF_ERROR(ReadAll(header, kHeader, deadline));
-    if (std::memcmp(header, kMagic, 4) != 0 || header[5] || header[6] || header[7]) {
-      Close();
-      return Status::Corrupt("message from " + peer_ + " does not start with a kvserve message header");
-    }
-    uint64_t len;
-    std::memcpy(&len, header + 8, 8);
-    if (header[4] < uint8_t(MessageKind::kRequest) || header[4] > uint8_t(MessageKind::kTokens)) {
-      Close();
-      return Status::Corrupt("message from " + peer_ + " has unknown kind " + std::to_string(header[4]));
-    }
-    const uint64_t limit = max_message_bytes_.load();
-    if (len > limit) {
-      Close();
-      return Status::OutOfRange("message from " + peer_ + " announces " + std::to_string(len) +
-                                " bytes, above the limit of " + std::to_string(limit));
-    }
     Message m;
-    m.kind = MessageKind(header[4]);
+    uint64_t len = 0;
+    if (Status st = transfer_internal::ReadHeader(header, peer_, max_message_bytes_.load(), &m.kind, &len); !st.ok()) {
+      Close();
+      return st;
+    }
     if (storage != nullptr) {
       m.body = std::move(*storage);
       m.body.clear();  // keeps the allocation; the element type is not zero-filled on resize

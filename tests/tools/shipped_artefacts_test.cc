@@ -50,6 +50,12 @@ std::string Regenerate(const std::string& rel) {
       {"docs/results/e2e_repeatability", "build/kvserve bench e2e --kv-shape llama3-8b --prompt-tokens 4096 --bandwidths 2,5 "
                                          "--requests 24 --load 0.9 --json > docs/results/e2e_repeatability_runN.json, twice; "
                                          "docs/results/e2e_repeatability.md by hand from both"},
+      {"docs/results/transport_ucx", "build/kvserve bench link --compare tcp,ucx --message-mib 4,16,64 --repeats 5 --mib 512 --json > "
+                                     "docs/results/transport_ucx.json (docs/results/transport_ucx.md from it)"},
+      {"docs/results/e2e_pd_ucx_shaper", "build/kvserve bench e2e --mode pd --transport ucx --link shaper --bandwidths 10,25 "
+                                         "--prompt-tokens 4096 --requests 8 --repeats 2 --json > docs/results/e2e_pd_ucx_shaper.json"},
+      {"docs/results/e2e_pd_tcp_shaper", "build/kvserve bench e2e --mode pd --transport tcp --link shaper --bandwidths 10,25 "
+                                         "--prompt-tokens 4096 --requests 8 --repeats 2 --json > docs/results/e2e_pd_tcp_shaper.json"},
       {"docs/results/http_front", "python3 scripts/http_front_bench.py --cli build/kvserve --baseline-cli OLD/build/kvserve "
                                   "--seconds 10 --repeats 40 --json docs/results/http_front.json (docs/results/http_front.md by hand)"},
       {"docs/results/e2e_pool_redis", "build/kvserve bench e2e --mode pool --backend redis --bandwidths 5,10 --requests 12 "
@@ -270,6 +276,20 @@ TEST(ShippedArtefacts, HttpFrontResultsHaveTheCurrentFormat) {
       EXPECT_TRUE(r.contains(key)) << rel << " lacks '" << key << "': " << Regenerate(rel);
     }
     EXPECT_TRUE(r["wrk"].contains("requests_per_s") && r["thousand"].contains("answered_200")) << Regenerate(rel);
+  }
+}
+
+TEST(ShippedArtefacts, TransportComparisonHasTheCurrentFormat) {
+  const std::string rel = "docs/results/transport_ucx.json";
+  const json j = ReadJson(rel);
+  ASSERT_TRUE(j.contains("points") && j.contains("round_trip") && j.contains("memcpy_gbps")) << Regenerate(rel);
+  for (const json& p : j["points"]) {
+    EXPECT_TRUE(p.contains("transport") && p.contains("message_mib") && p.contains("median_gbps") && p["gbps"].is_array())
+        << Regenerate(rel);
+  }
+  for (const char* rel2 : {"docs/results/e2e_pd_ucx_shaper.json", "docs/results/e2e_pd_tcp_shaper.json"}) {
+    const json e = ReadJson(rel2);
+    EXPECT_TRUE(e.contains("transport") && e.contains("calibration") && e.contains("points")) << Regenerate(rel2);
   }
 }
 
