@@ -383,8 +383,9 @@ Result<std::vector<double>> LinkCeilingReadings(const E2eFlags& f) {
       // Between two processes, as the nodes run: UCX's shared memory between two workers of one
       // process is not what the nodes get.
       KV_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> rx,
-                          ChildProcess::Start({"link receiver", {f.kvserve_exe, "bench", "link", "--listen", "127.0.0.1:0",
-                                                                 "--transport", "ucx"}, f.cpu_decode}));
+                          ChildProcess::Start({.name = "link receiver",
+                                               .argv = {f.kvserve_exe, "bench", "link", "--listen", "127.0.0.1:0", "--transport", "ucx"},
+                                               .cpu = f.cpu_decode}));
       KV_ASSIGN_OR_RETURN(LinkMeasurement link, MeasureLink(probe.get(), rx->address(), 128));
       readings.push_back(link.gbps);
       continue;

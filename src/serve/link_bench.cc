@@ -23,7 +23,9 @@ double Median(std::vector<double> v) {
 
 // A receiver process: `cli bench link --listen 127.0.0.1:0 --transport T` (one connection).
 Result<std::unique_ptr<ChildProcess>> Receiver(const LinkCompareOptions& o, const std::string& transport) {
-  return ChildProcess::Start({"link receiver", {o.cli, "bench", "link", "--listen", "127.0.0.1:0", "--transport", transport}, o.receiver_cpu});
+  return ChildProcess::Start({.name = "link receiver",
+                              .argv = {o.cli, "bench", "link", "--listen", "127.0.0.1:0", "--transport", transport},
+                              .cpu = o.receiver_cpu});
 }
 
 Result<double> Throughput(const LinkCompareOptions& o, const std::string& name, uint32_t message_mib) {
