@@ -591,6 +591,29 @@ TEST(ServeCli, PrefillAndDecodeOverUcxGiveLocalTextAndSurviveFaults) {
   EXPECT_EQ(resumed.status, 200) << resumed.body.dump();
 }
 
+// The router gives a request one deadline (--timeout) over every prefill node it tries: a
+// stalled node costs the request that long, not the node's own timeout or 60 s per node; once it
+// resumes, the router serves again.
+TEST(ServeCli, RouterAnswersAStalledPrefillNodesRequestByItsDeadline) {
+  Process decode({"serve", "decode", "-m", "stories260K", "--listen", "127.0.0.1:0", "--log-level", "quiet"});
+  Process prefill({"serve", "prefill", "-m", "stories260K", "--listen", "127.0.0.1:0", "--peer", decode.address(),
+                   "--log-level", "quiet"});
+  Process router({"serve", "router", "--listen", "127.0.0.1:0", "--peer", prefill.address(), "--peer", prefill.address(),
+                  "--timeout", "1", "--log-level", "quiet"});
+  ASSERT_FALSE(router.address().empty());
+  const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 4}};
+  ASSERT_EQ(PostTo(router.address(), "/v1/completions", body).status, 200);
+  ::kill(prefill.pid(), SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  Answer stalled = PostTo(router.address(), "/v1/completions", body);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(prefill.pid(), SIGCONT);
+  EXPECT_EQ(stalled.status, 503) << stalled.body;
+  EXPECT_NE(stalled.body.find("\"error\""), std::string::npos) << stalled.body;
+  EXPECT_LT(waited, 5) << "two tries of a stalled node took " << waited << " s with a 1 s deadline";
+  EXPECT_EQ(PostTo(router.address(), "/v1/completions", body).status, 200);
+}
+
 TEST(ServeCli, PoolNodeOpenAiUsageCountsCachedTokens) {
   Process pool({"serve", "pool", "-m", "stories260K", "--listen", "127.0.0.1:0", "--pool", "embedded", "--policy", "none",
                 "--chunk-tokens", "4", "--log-level", "quiet"});
