@@ -112,7 +112,7 @@ bool ParseOpenAiRequest(std::string_view body, bool chat, const OpenAiModel& mod
     if (!j.contains(key)) continue;
     const json& v = j[key];
     const bool harmless = v == false || (std::string(key) == "best_of" && v == 1) || (v.is_object() && v.empty()) ||
-                          (std::string(key) == "response_format" && v.is_object() && v.value("type", "") == "text");
+                          (std::string(key) == "response_format" && v.is_object() && v.contains("type") && v["type"] == "text");
     if (!harmless) return fail(key, std::string("'") + key + "' is not supported by this node");
   }
   if (j.contains("seed")) {

@@ -70,6 +70,7 @@ TEST(OpenAi, RefusesWhatItCannotDoNamingTheField) {
            {R"J({"prompt":"x","seed":"s"})J", false, 400, "seed"},
            {R"J({"prompt":"x","n":2})J", false, 400, "n"},
            {R"J({"prompt":"x","logprobs":3})J", false, 400, "logprobs"},
+           {R"J({"prompt":"x","response_format":{"type":5}})J", false, 400, "response_format"},
            {R"J({"prompt":"x","stop":[1]})J", false, 400, "stop"},
            {R"J({"prompt":"x","stream_options":{"include_usage":true}})J", false, 400, "stream_options"},
            {R"J({"prompt":["a","b"]})J", false, 400, "prompt"},
