@@ -17,6 +17,7 @@
 #include "cli.h"
 #include "kvserve/profile.h"
 #include "kvserve/serve.h"
+#include "kvserve/stats.h"
 #include "kvserve/testbed.h"
 #include "model_flags.h"
 #include "serve/http_api.h"
@@ -71,15 +72,20 @@ struct HttpFlags {
   }
 };
 
-// Serves `server` on `address` until SIGINT/SIGTERM, saying where on stdout in the form scripts
-// and tests read: "ROLE listening on HOST:PORT".
-Status ServeHttpUntilSignal(serve_internal::HttpServer& server, const std::string& address, const char* role) {
+// Says where a process serves, on stdout, in the form scripts and tests read: "ROLE listening on
+// HOST:PORT" — the host of the address it was given, the port it got (a free one for port 0).
+void SayListening(const std::string& role, const std::string& address, uint16_t bound) {
   std::string host;
   uint16_t port;
-  KV_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
-  KV_ASSIGN_OR_RETURN(uint16_t bound, server.Start(address));
-  std::printf("%s listening on %s:%u\n", role, host.c_str(), unsigned(bound));
+  if (!ParseHostPort(address, &host, &port).ok()) host = address;
+  std::printf("%s listening on %s:%u\n", role.c_str(), host.c_str(), unsigned(bound));
   std::fflush(stdout);
+}
+
+// Serves `server` on `address` until SIGINT/SIGTERM, saying where.
+Status ServeHttpUntilSignal(serve_internal::HttpServer& server, const std::string& address, const char* role) {
+  KV_ASSIGN_OR_RETURN(uint16_t bound, server.Start(address));
+  SayListening(role, address, bound);
   WaitForStopSignal();
   server.Stop();
   return Status::Ok();
@@ -159,11 +165,7 @@ Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std:
                                                      .max_connections = max_connections});
   for (uint32_t n : mf.prepare_tokens) KV_RETURN_IF_ERROR(node.Prepare(n));
   KV_RETURN_IF_ERROR(node.Start(listen));
-  std::string host;
-  uint16_t port;
-  KV_RETURN_IF_ERROR(ParseHostPort(listen, &host, &port));
-  std::printf("decode listening on %s:%u\n", host.c_str(), unsigned(node.port()));
-  std::fflush(stdout);
+  SayListening("decode", listen, node.port());
   if (log != LogLevel::kQuiet) std::fprintf(stderr, "decode node: %s, transport %s\n", model.Describe().c_str(), transport->name().c_str());
   serve_internal::HttpServer http({.name = "kvserve-decode", .max_body_bytes = 0});
   if (!metrics_listen.empty()) {
@@ -171,12 +173,8 @@ Status RunDecode(const NodeModelFlags& mf, const std::string& listen, const std:
       ex.Reply(200, "text/plain; version=0.0.4", node.metrics().Prometheus("decode"));
     });
     http.Handle("GET", "/health", [](serve_internal::HttpExchange& ex) { ex.Reply(200, "application/json", "{\"status\":\"ok\"}\n"); });
-    std::string mhost;
-    uint16_t mport;
-    KV_RETURN_IF_ERROR(ParseHostPort(metrics_listen, &mhost, &mport));
     KV_ASSIGN_OR_RETURN(uint16_t bound, http.Start(metrics_listen));
-    std::printf("decode metrics listening on %s:%u\n", mhost.c_str(), unsigned(bound));
-    std::fflush(stdout);
+    SayListening("decode metrics", metrics_listen, bound);
   }
   WaitForStopSignal();
   http.Stop();
@@ -200,7 +198,7 @@ class NodeHttp {
   }
   ~NodeHttp() { server_.Stop(); }
   Status Listen(const std::string& address) {
-    KV_RETURN_IF_ERROR(ParseHostPort(address, &host_, &port_));
+    address_ = address;
     KV_ASSIGN_OR_RETURN(port_, server_.Start(address));
     return Status::Ok();
   }
@@ -215,8 +213,7 @@ class NodeHttp {
     f.latency_seconds = std::move(latency_seconds);
     server_.SetMaxBodyBytes(serve_internal::NodeBodyLimit(f.model));
     f.ready.store(true, std::memory_order_release);
-    std::printf("%s listening on %s:%u\n", role_, host_.c_str(), unsigned(port_));
-    std::fflush(stdout);
+    SayListening(role_, address_, port_);
   }
   void ServeUntilSignal() {
     WaitForStopSignal();
@@ -225,7 +222,7 @@ class NodeHttp {
 
  private:
   const char* role_;
-  std::string host_;
+  std::string address_;
   uint16_t port_ = 0;
   std::shared_ptr<serve_internal::NodeFront> front_;
   serve_internal::HttpServer server_;
@@ -450,10 +447,8 @@ Status RunBenchLinkCompare(const LinkCompareOptions& o, bool as_json) {
                 p.median_gbps() / first->median_gbps());
   }
   for (const auto& [name, us] : r.round_trip_us) {
-    std::vector<double> s = us;
-    std::sort(s.begin(), s.end());
     std::printf("%-10s %u KiB round trip: median %.1f us (p10 %.1f, p90 %.1f) over %zu\n", name.c_str(), o.pingpong_kib,
-                s[s.size() / 2], s[s.size() / 10], s[s.size() * 9 / 10], s.size());
+                Percentile(us, 0.5), Percentile(us, 0.1), Percentile(us, 0.9), us.size());
   }
   std::printf("memcpy baseline: %.1f Gbit/s (one core)\n", r.memcpy_gbps);
   return Status::Ok();
@@ -466,11 +461,7 @@ Status RunBenchLink(const std::string& listen, const std::string& connect, uint3
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport, MakeTransport(transport_name, {.shaper = shaper.get()}));
   if (!listen.empty()) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener, transport->Listen(listen));
-    std::string host;
-    uint16_t port;
-    KV_RETURN_IF_ERROR(ParseHostPort(listen, &host, &port));
-    std::printf("bench link listening on %s:%u\n", host.c_str(), unsigned(listener->port()));
-    std::fflush(stdout);
+    SayListening("bench link", listen, listener->port());
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, listener->Accept(DeadlineIn(600)));
     return ReceiveUntilEnd(c.get());
   }

@@ -19,8 +19,6 @@ using json = nlohmann::json;
 
 namespace {
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 // vLLM's buckets (vllm/engine/metrics.py), so dashboards made for it read kvserve's.
 const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                                           1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
@@ -195,7 +193,7 @@ namespace {
 
 // One OpenAI completion or chat completion, whole or streamed.
 void ServeCompletion(HttpExchange& ex, bool chat, const NodeFront& f, FrontMetrics& fm, std::atomic<uint64_t>& next_id) {
-  const double t0 = Now();
+  const double t0 = NowSeconds();
   const std::string api = chat ? "chat" : "completions";
   OpenAiRequest req;
   OpenAiError err;
@@ -222,7 +220,7 @@ void ServeCompletion(HttpExchange& ex, bool chat, const NodeFront& f, FrontMetri
     if (chat && !ex.Write(StreamChunk(req, model, id, created, nullptr, ""))) return;
     double last = 0;
     out = f.serve(req.serve, [&](int token) {
-      const double now = Now();
+      const double now = NowSeconds();
       if (last == 0) fm.ObserveFirstToken(now - t0);
       else fm.ObserveInterToken(now - last);
       last = now;
@@ -248,11 +246,10 @@ void ServeCompletion(HttpExchange& ex, bool chat, const NodeFront& f, FrontMetri
   const ServeResponse& r = out.value();
   const OpenAiUsage usage{uint32_t(req.serve.prompt.size()), text.tokens(), r.cached_tokens};
   const std::string finish = text.stopped() ? "stop" : "length";
-  fm.ObserveAnswer(r, Now() - t0, usage.prompt, usage.completion);
+  fm.ObserveAnswer(r, NowSeconds() - t0, usage.prompt, usage.completion);
   fm.CountRequest(api, client_gone ? 499 : 200);
   if (f.log) {
     json line = KvserveExtension(r);
-    line.erase("tokens");
     line["api"] = api;
     line["stream"] = req.stream;
     line["finish_reason"] = client_gone ? "client_left" : finish;
@@ -269,10 +266,6 @@ void ServeCompletion(HttpExchange& ex, bool chat, const NodeFront& f, FrontMetri
   if (req.include_usage && !ex.Write(StreamUsageChunk(req, model, id, created, usage, r))) return;
   if (ex.Write(std::string(kStreamDone))) ex.EndStream();
 }
-
-}  // namespace
-
-namespace {
 
 // Until the node is ready, its APIs answer 503 (as llama.cpp's server does while loading).
 bool Loading(const NodeFront& f, HttpExchange& ex, bool openai) {
@@ -292,7 +285,7 @@ void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front) {
   auto fm = std::make_shared<FrontMetrics>();
   auto next_id = std::make_shared<std::atomic<uint64_t>>(1);
   server->Handle("POST", "/generate", [front, fm, next_id](HttpExchange& ex) {
-    const double t0 = Now();
+    const double t0 = NowSeconds();
     const NodeFront& f = *front;
     if (Loading(f, ex, false)) return;
     auto parsed = ParseServeRequest(ex.request().body, f.model.tokenizer, f.model.max_prompt);
@@ -308,17 +301,16 @@ void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front) {
       fm->CountRequest("generate", HttpStatusFor(out.status()));
       return ReplyGenerateError(ex, out.status());
     }
-    fm->ObserveAnswer(out.value(), Now() - t0, uint32_t(r.prompt.size()), uint32_t(out->tokens.size()));
+    fm->ObserveAnswer(out.value(), NowSeconds() - t0, uint32_t(r.prompt.size()), uint32_t(out->tokens.size()));
     fm->CountRequest("generate", 200);
-    const std::string body = ServeResponseJson(out.value(), f.model.tokenizer);
+    json answer = ServeResponseObject(out.value(), f.model.tokenizer);
+    ex.Reply(200, "application/json", Dump(answer) + "\n");
     if (f.log) {
       // One structured line per request: what was chosen and why, and where the time went.
-      json line = json::parse(body);
-      line.erase("tokens");
-      line.erase("text");
-      f.log(Dump(line));
+      answer.erase("tokens");
+      answer.erase("text");
+      f.log(Dump(answer));
     }
-    ex.Reply(200, "application/json", body + "\n");
   });
   server->Handle("POST", "/v1/completions", [front, fm, next_id](HttpExchange& ex) {
     if (!Loading(*front, ex, true)) ServeCompletion(ex, false, *front, *fm, *next_id);
@@ -420,7 +412,7 @@ Upstream Call(const std::string& peer, const std::string& method, const std::str
       u.body.append(data, n);
       return true;
     }
-    if (first) st->ttft.Observe(Now() - t0);
+    if (first) st->ttft.Observe(NowSeconds() - t0);
     first = false;
     return relay->Write(std::string_view(data, n));
   };
@@ -432,7 +424,7 @@ Upstream Call(const std::string& peer, const std::string& method, const std::str
 }
 
 void Forward(HttpExchange& ex, RouterState& st, bool openai) {
-  const double t0 = Now();
+  const double t0 = NowSeconds();
   const std::string& path = ex.request().path;
   auto parsed = ParseJsonObject(ex.request().body);
   if (!parsed.ok()) {
@@ -460,7 +452,7 @@ void Forward(HttpExchange& ex, RouterState& st, bool openai) {
   const std::vector<std::string>& peers = st.opts.peers;
   const uint64_t start = st.next++;
   for (size_t k = 0; k < peers.size(); ++k) {
-    const double left = deadline - Now();
+    const double left = deadline - NowSeconds();
     if (left <= 0) {
       last = Status::Unavailable("the request's deadline of " + Num(st.opts.timeout_s) + " s passed");
       break;
@@ -473,7 +465,7 @@ void Forward(HttpExchange& ex, RouterState& st, bool openai) {
       if (ex.answered()) ex.EndStream();
       st.routed++;
       st.streams++;
-      st.e2e.Observe(Now() - t0);
+      st.e2e.Observe(NowSeconds() - t0);
       return;
     }
     if (!u.reached) {
@@ -483,11 +475,11 @@ void Forward(HttpExchange& ex, RouterState& st, bool openai) {
     if (u.status == 200) {
       json out = CheckJsonNesting(u.body, kMaxRequestJsonDepth).ok() ? json::parse(u.body, nullptr, false) : json();
       if (!out.is_discarded() && out.is_object()) {
-        const json info = {{"label", label}, {"prefill_node", peer}, {"jct_ms", (Now() - t0) * 1e3}};
+        const json info = {{"label", label}, {"prefill_node", peer}, {"jct_ms", (NowSeconds() - t0) * 1e3}};
         if (openai && out.contains("kvserve") && out["kvserve"].is_object()) out["kvserve"]["router"] = info;
         else out["router"] = info;
         st.routed++;
-        st.e2e.Observe(Now() - t0);
+        st.e2e.Observe(NowSeconds() - t0);
         if (st.opts.log) st.opts.log(Dump(info));
         return ex.Reply(200, "application/json", Dump(out) + "\n");
       }
@@ -514,14 +506,14 @@ void AddRouterRoutes(HttpServer* server, RouterOptions opts) {
   // The nodes' model, from the first that answers; /health: ready when one node is.
   server->Handle("GET", "/v1/models", [st](HttpExchange& ex) {
     for (const std::string& peer : st->opts.peers) {
-      Upstream u = Call(peer, "GET", "/v1/models", "", 2, nullptr, st.get(), Now());
+      Upstream u = Call(peer, "GET", "/v1/models", "", 2, nullptr, st.get(), NowSeconds());
       if (u.status == 200) return ex.Reply(200, "application/json", u.body);
     }
     ReplyOpenAiError(ex, ErrorFromStatus(Status::Unavailable("no prefill node answered /v1/models")));
   });
   server->Handle("GET", "/health", [st](HttpExchange& ex) {
     for (const std::string& peer : st->opts.peers) {
-      if (Call(peer, "GET", "/health", "", 1, nullptr, st.get(), Now()).status == 200) {
+      if (Call(peer, "GET", "/health", "", 1, nullptr, st.get(), NowSeconds()).status == 200) {
         return ex.Reply(200, "application/json", "{\"status\":\"ok\"}\n");
       }
     }

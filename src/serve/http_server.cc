@@ -30,13 +30,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = net::ip::tcp;
 
-std::string HttpRequest::Header(std::string_view lower_name) const {
-  for (const auto& [k, v] : headers) {
-    if (k == lower_name) return v;
-  }
-  return "";
-}
-
 namespace {
 
 std::string Str(beast::string_view v) { return std::string(v.data(), v.size()); }
@@ -74,7 +67,6 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   std::deque<std::function<void()>> jobs;
   std::vector<std::thread> workers;
   bool workers_stopping = false;
-  std::atomic<uint32_t> busy{0};
 
   std::mutex sessions_mu;
   std::unordered_map<HttpSession*, std::weak_ptr<HttpSession>> sessions;
@@ -98,9 +90,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
         job = std::move(jobs.front());
         jobs.pop_front();
       }
-      busy++;
       job();
-      busy--;
     }
   }
   void Accept();
@@ -492,7 +482,5 @@ HttpServer::Counters HttpServer::counters() const {
   const Impl& s = *impl_;
   return Counters{s.accepted.load(), s.refused.load(), s.timed_out.load(), s.malformed.load(), s.requests.load(), s.open.load()};
 }
-
-uint32_t HttpServer::busy_handlers() const { return impl_->busy.load(); }
 
 }  // namespace kvserve::serve_internal

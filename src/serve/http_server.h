@@ -24,7 +24,6 @@ struct HttpRequest {
   std::string path;    // target up to '?'
   HttpHeaders headers; // names lower-case, in arrival order
   std::string body;
-  std::string Header(std::string_view lower_name) const;  // "" when absent
 };
 
 // One request and its answer, given to a handler on a worker thread. A handler either calls
@@ -84,7 +83,6 @@ class HttpServer {
     uint32_t open = 0;
   };
   Counters counters() const;
-  uint32_t busy_handlers() const;
 
   struct Impl;  // in http_server.cc (the connections refer to it)
 

@@ -2,10 +2,10 @@
 // throughput per message size over repeats, and a small message's round trip — with a memcpy of
 // the same bytes as the baseline (kvserve/testbed.h).
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "kvserve/stats.h"
 #include "kvserve/testbed.h"
 #include "serve/wire.h"
 
@@ -13,35 +13,37 @@ namespace kvserve {
 
 namespace {
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+// A receiver process (`cli bench link --listen 127.0.0.1:0 --transport T`, one connection) and
+// this process's connection to it; destroyed connection first, receiver last.
+struct LinkPeer {
+  std::unique_ptr<ChildProcess> rx;
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Connection> c;
+};
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// A receiver process: `cli bench link --listen 127.0.0.1:0 --transport T` (one connection).
-Result<std::unique_ptr<ChildProcess>> Receiver(const LinkCompareOptions& o, const std::string& transport) {
-  return ChildProcess::Start({.name = "link receiver",
-                              .argv = {o.cli, "bench", "link", "--listen", "127.0.0.1:0", "--transport", transport},
-                              .cpu = o.receiver_cpu});
+Result<LinkPeer> ConnectToReceiver(const LinkCompareOptions& o, const std::string& name) {
+  LinkPeer p;
+  KV_ASSIGN_OR_RETURN(p.rx, ChildProcess::Start({.name = "link receiver",
+                                                 .argv = {o.cli, "bench", "link", "--listen", "127.0.0.1:0", "--transport", name},
+                                                 .cpu = o.receiver_cpu}));
+  KV_ASSIGN_OR_RETURN(p.transport, MakeTransport(name));
+  KV_ASSIGN_OR_RETURN(p.c, p.transport->Connect(p.rx->address(), DeadlineIn(10)));
+  return p;
 }
 
 Result<double> Throughput(const LinkCompareOptions& o, const std::string& name, uint32_t message_mib) {
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> rx, Receiver(o, name));
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, MakeTransport(name));
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, t->Connect(rx->address(), DeadlineIn(10)));
+  KV_ASSIGN_OR_RETURN(LinkPeer peer, ConnectToReceiver(o, name));
+  Connection* c = peer.c.get();
   const uint64_t message = uint64_t(message_mib) << 20;
   const uint64_t total = std::max<uint64_t>(uint64_t(o.total_mib) << 20, message);
   ByteBuffer buf(message, 0x5a);
   // One message first, untimed: connection set-up and first-touch of both sides' buffers.
   KV_RETURN_IF_ERROR(c->Send(MessageKind::kFrame, buf, DeadlineIn(60)));
-  const double t0 = Now();
+  const double t0 = serve_internal::NowSeconds();
   for (uint64_t sent = 0; sent < total; sent += message) KV_RETURN_IF_ERROR(c->Send(MessageKind::kFrame, buf, DeadlineIn(60)));
   KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, DeadlineIn(10)));
   KV_ASSIGN_OR_RETURN(Message reply, c->Receive(DeadlineIn(120)));
-  const double seconds = Now() - t0;
+  const double seconds = serve_internal::NowSeconds() - t0;
   if (reply.kind != MessageKind::kResult) return Status::Corrupt("link receiver: unexpected reply");
   const nlohmann::json j = nlohmann::json::parse(std::string(reply.body.begin(), reply.body.end()), nullptr, false);
   const uint64_t want = (total + message - 1) / message * message + message;
@@ -49,29 +51,24 @@ Result<double> Throughput(const LinkCompareOptions& o, const std::string& name, 
     return Status::Corrupt("link receiver counted " + std::string(j.is_object() ? j.value("bytes", nlohmann::json()).dump() : "nothing") +
                            " bytes of " + std::to_string(want));
   }
-  c->Close();
-  rx->Stop();
   return double(want - message) * 8 / seconds / 1e9;
 }
 
 // Round trips of a small message (the receiver echoes a request as a result), microseconds.
 Result<std::vector<double>> RoundTrips(const LinkCompareOptions& o, const std::string& name) {
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> rx, Receiver(o, name));
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, MakeTransport(name));
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, t->Connect(rx->address(), DeadlineIn(10)));
+  KV_ASSIGN_OR_RETURN(LinkPeer peer, ConnectToReceiver(o, name));
+  Connection* c = peer.c.get();
   ByteBuffer buf(size_t(o.pingpong_kib) << 10, 0x3c);
   std::vector<double> us;
   for (int i = 0; i < o.pingpongs + 5; ++i) {
-    const double t0 = Now();
+    const double t0 = serve_internal::NowSeconds();
     KV_RETURN_IF_ERROR(c->Send(MessageKind::kRequest, buf, DeadlineIn(10)));
     KV_ASSIGN_OR_RETURN(Message back, c->Receive(DeadlineIn(10)));
     if (back.kind != MessageKind::kResult || back.body.size() != buf.size()) return Status::Corrupt("link receiver: bad echo");
-    if (i >= 5) us.push_back((Now() - t0) * 1e6);  // five to warm up
+    if (i >= 5) us.push_back((serve_internal::NowSeconds() - t0) * 1e6);  // five to warm up
   }
   KV_RETURN_IF_ERROR(c->Send(MessageKind::kEnd, {}, DeadlineIn(10)));
   (void)c->Receive(DeadlineIn(10));
-  c->Close();
-  rx->Stop();
   return us;
 }
 
@@ -106,14 +103,14 @@ Result<LinkCompareResult> CompareLinks(const LinkCompareOptions& o, const std::f
   // Baseline: memcpy of the largest message size, as many bytes as one throughput run.
   const size_t message = size_t(*std::max_element(o.message_mib.begin(), o.message_mib.end())) << 20;
   ByteBuffer a(message, 1), b(message, 0);
-  const double m0 = Now();
+  const double m0 = serve_internal::NowSeconds();
   uint64_t copied = 0;
   for (; copied < (uint64_t(o.total_mib) << 20); copied += message) std::memcpy(b.data(), a.data(), message);
-  out.memcpy_gbps = double(copied) * 8 / std::max(1e-9, Now() - m0) / 1e9;
+  out.memcpy_gbps = double(copied) * 8 / std::max(1e-9, serve_internal::NowSeconds() - m0) / 1e9;
   return out;
 }
 
-double LinkComparePoint::median_gbps() const { return Median(gbps); }
+double LinkComparePoint::median_gbps() const { return Percentile(gbps, 0.5); }
 
 std::string LinkCompareJson(const LinkCompareOptions& o, const LinkCompareResult& r) {
   nlohmann::json points = nlohmann::json::array();
@@ -124,9 +121,7 @@ std::string LinkCompareJson(const LinkCompareOptions& o, const LinkCompareResult
   }
   nlohmann::json rtt = nlohmann::json::object();
   for (const auto& [name, us] : r.round_trip_us) {
-    std::vector<double> s = us;
-    std::sort(s.begin(), s.end());
-    rtt[name] = {{"median_us", Median(s)}, {"p10_us", s[s.size() / 10]}, {"p90_us", s[s.size() * 9 / 10]}, {"n", s.size()}};
+    rtt[name] = {{"median_us", Percentile(us, 0.5)}, {"p10_us", Percentile(us, 0.1)}, {"p90_us", Percentile(us, 0.9)}, {"n", us.size()}};
   }
   const nlohmann::json j = {{"transports", o.transports}, {"message_mib", o.message_mib}, {"total_mib", o.total_mib},
                             {"repeats", o.repeats}, {"pingpong_kib", o.pingpong_kib}, {"points", points}, {"round_trip", rtt},

@@ -293,7 +293,7 @@ std::string CompletionText::TakeRest() {
 }
 
 json KvserveExtension(const ServeResponse& r) {
-  json j = json::parse(ServeResponseJson(r, nullptr));
+  json j = ServeResponseObject(r, nullptr);
   j.erase("tokens");
   return j;
 }

@@ -15,7 +15,6 @@ namespace kvserve {
 using serve_internal::Seconds;
 
 namespace {
-double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 // Token selection works on a whole prompt with its prefill attention; per pool chunk it would
 // keep each chunk's first and last tokens, which is not what any profile measured.
@@ -272,7 +271,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
       std::vector<double> correction;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(Now()) : opts_.assume_gbps * 1e9 / 8;
+        bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(serve_internal::NowSeconds()) : opts_.assume_gbps * 1e9 / 8;
         correction = fetch_correction_;
       }
       r.fetch_correction = &correction;
@@ -301,7 +300,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
     if (!st.ok()) metrics_.pool_errors++;
     if (fetched.bytes > 0 && fetched.wire_s > 0) {
       std::lock_guard<std::mutex> lock(mu_);
-      estimator_.AddSample(double(fetched.bytes), fetched.wire_s, Now());
+      estimator_.AddSample(double(fetched.bytes), fetched.wire_s, serve_internal::NowSeconds());
       // Online correction: how long this fetch took against what the profiled speeds predict
       // (decode under concurrent requests and the pool's copies are slower than a profile run).
       if (planned_bw > 0 && fetched.chunks > 0 && size_t(fetch_strategy) < fetch_correction_.size()) {

@@ -76,7 +76,7 @@ PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes
   r.floor = req.floor;
   r.model_seconds = model_seconds;
   std::lock_guard<std::mutex> lock(mu_);
-  const double now = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  const double now = serve_internal::NowSeconds();
   const double bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(now) : opts_.assume_gbps * 1e9 / 8;
   controller_->Decide(r, bw, estimator_.has_estimate() ? estimator_.Confidence(now) : 0.0, QueueState{}, &c.decision);
   c.spec = controller_->strategies()[c.decision.choice].spec;
@@ -274,7 +274,7 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req, const TokenSin
   metrics_.wire_us += uint64_t(out.timings.wire_s * 1e6);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const double now = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    const double now = serve_internal::NowSeconds();
     // What the link carried and how long the sends took: a throughput sample for the estimator.
     if (out.timings.wire_s > 0) estimator_.AddSample(double(out.wire_bytes), out.timings.wire_s, now);
     if (choice.adaptive) controller_->Observe(choice.decision, choice.request,

@@ -179,7 +179,7 @@ Result<RoutedRequest> RouteRequest(const std::string& body, uint32_t long_prompt
   return out;
 }
 
-std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer) {
+json serve_internal::ServeResponseObject(const ServeResponse& r, const Tokenizer* tokenizer) {
   const StageTimings& t = r.timings;
   json j = {{"id", r.id},
             {"tokens", r.tokens},
@@ -214,7 +214,11 @@ std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer
     }
     j["text"] = text;  // byte tokens may cut a character: Dump replaces what is not UTF-8
   }
-  return Dump(j);
+  return j;
+}
+
+std::string ServeResponseJson(const ServeResponse& r, const Tokenizer* tokenizer) {
+  return Dump(serve_internal::ServeResponseObject(r, tokenizer));
 }
 
 // The driver's reading of a node's answer: what ServeResponseJson wrote (and the router's extra
@@ -339,9 +343,10 @@ Result<std::vector<int>> ParseTokensMessage(std::span<const uint8_t> body, uint3
   }
   std::vector<int> out;
   for (const json& v : t) {
-    uint64_t id = 0;
-    if (!IndexField(json{{"t", v}}, "t", vocab, &id)) return Status::Corrupt("tokens message holds " + v.dump() + ", not a token id below " + std::to_string(vocab));
-    out.push_back(int(id));
+    if (!v.is_number_unsigned() || v.get<uint64_t>() >= vocab) {
+      return Status::Corrupt("tokens message holds " + v.dump() + ", not a token id below " + std::to_string(vocab));
+    }
+    out.push_back(int(v.get<uint64_t>()));
   }
   return out;
 }

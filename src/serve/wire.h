@@ -18,6 +18,8 @@
 namespace kvserve::serve_internal {
 
 inline double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+// Seconds on the steady clock (for differences and the estimator's timestamps).
+inline double NowSeconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 // JSON text that never throws: strings that are not UTF-8 (a peer's bytes, a model's byte
 // tokens cut mid-character) are written with U+FFFD in place of the bad bytes.
@@ -49,6 +51,9 @@ Result<nlohmann::json> ParseJsonObject(std::string_view text);
 Status JsonNumber(const nlohmann::json& j, const char* key, double lo, double hi, double* out);
 // The same for a whole number (7.0 included).
 Status JsonWholeNumber(const nlohmann::json& j, const char* key, double lo, double hi, uint64_t* out);
+
+// ServeResponseJson's object (the HTTP answer of /generate, and the OpenAI answers' extension).
+nlohmann::json ServeResponseObject(const ServeResponse& r, const Tokenizer* tokenizer);
 
 // Sampling fields of a body or message: temperature in [0, 100], top_p in (0, 1], seed an
 // integer; absent fields keep `s`'s values.

@@ -256,43 +256,18 @@ class UcxConnection final : public Connection {
     return st;
   }
 
+  // One tagged send or receive, waited for; a receive gives the length that arrived.
   Status SendTagged(const void* data, size_t n, ucp_tag_t tag, Clock::time_point deadline) {
-    void* r;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_ || ep_ == nullptr) return Status::Unavailable("ucx: connection to " + peer_ + " is closed");
-      ucp_request_param_t p{};
-      r = ucp_tag_send_nbx(ep_, data, n, tag, &p);
-    }
-    if (r == nullptr) return Status::Ok();
-    if (UCS_PTR_IS_ERR(r)) {
-      Close();
-      return Status::Unavailable("ucx: sending to " + peer_ + ": " + Ucs(UCS_PTR_STATUS(r)));
-    }
-    return Wait(r, deadline, "sending to");
+    std::deque<void*> pending;
+    const Status st = Post(const_cast<void*>(data), n, tag, nullptr, &pending);  // only read
+    return WaitAll(pending, st, deadline, "sending to");
   }
 
   Result<size_t> RecvTagged(void* data, size_t n, ucp_tag_t tag, Clock::time_point deadline) {
-    void* r;
-    // Filled by the callback while Wait progresses (UCX 1.13 leaves recv_info unset on an
-    // immediate completion that has a callback, so none is allowed).
+    std::deque<void*> pending;
     ucp_tag_recv_info_t info{};
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_ || worker_ == nullptr) return Status::Unavailable("ucx: connection to " + peer_ + " is closed");
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-      p.cb.recv = [](void*, ucs_status_t, const ucp_tag_recv_info_t* i, void* user) {
-        if (i != nullptr) *static_cast<ucp_tag_recv_info_t*>(user) = *i;
-      };
-      p.user_data = &info;
-      r = ucp_tag_recv_nbx(worker_, data, n, tag, kTagMask, &p);
-    }
-    if (UCS_PTR_IS_ERR(r)) {
-      Close();
-      return Status::Unavailable("ucx: receiving from " + peer_ + ": " + Ucs(UCS_PTR_STATUS(r)));
-    }
-    KV_RETURN_IF_ERROR(Wait(r, deadline, "receiving from"));
+    const Status st = Post(data, n, tag, &info, &pending);
+    KV_RETURN_IF_ERROR(WaitAll(pending, st, deadline, "receiving from"));
     return size_t(info.length);
   }
 
