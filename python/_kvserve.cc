@@ -250,6 +250,28 @@ KvBlock BlockOfArray(const py::array& kv, const std::optional<std::string>& dtyp
   return *ViewOfArray(*keep, dt, one_layer);
 }
 
+// An engine's FP8 scales for a block of `shape`, from a float array: 2 * n_layer values (one per
+// layer and K/V, vLLM's k_scale/v_scale) or one per (layer, K/V, head), in that order.
+using ScalesArg = std::optional<py::array_t<float, py::array::c_style | py::array::forcecast>>;
+Fp8Scales ScalesOfArray(const ScalesArg& a, const KvShape& shape) {
+  Fp8Scales s;
+  if (!a) return s;
+  const uint64_t n = uint64_t(a->size());
+  if (n == Fp8Scales::Count(Fp8Scales::Granularity::kTensor, shape)) s.granularity = Fp8Scales::Granularity::kTensor;
+  else if (n == Fp8Scales::Count(Fp8Scales::Granularity::kHead, shape)) s.granularity = Fp8Scales::Granularity::kHead;
+  else {
+    Throw(Status::InvalidArgument("scales hold " + std::to_string(n) + " values; shape " + shape.ToString() + " takes " +
+                                  std::to_string(Fp8Scales::Count(Fp8Scales::Granularity::kTensor, shape)) +
+                                  " (per layer and K/V) or " +
+                                  std::to_string(Fp8Scales::Count(Fp8Scales::Granularity::kHead, shape)) + " (per head)"));
+  }
+  s.scale.assign(a->data(), a->data() + n);
+  return s;
+}
+void SetScales(KvBlock& block, const ScalesArg& a) {
+  if (a) Check(block.set_fp8_scales(ScalesOfArray(a, block.shape())));
+}
+
 // What encode and encode_layer share: the array as a block, the cached pipeline, the options,
 // and `run` (one of Pipeline's encoders) without the GIL.
 struct EncodeArgs {
@@ -258,10 +280,12 @@ struct EncodeArgs {
   std::optional<std::string> dtype;
   std::optional<std::vector<float>> scores;
   uint32_t token_offset = 0;
+  ScalesArg scales;
 };
 template <typename Run>
 py::bytes EncodeBlock(KvBlock& block, const std::string& strategy, const EncodeArgs& a, Run run) {
   block.set_token_offset(a.token_offset);
+  SetScales(block, a.scales);
   auto pipeline = Pipelines().Get(strategy);
   ByteBuffer frame;
   CodecOptions o;
@@ -283,8 +307,8 @@ py::bytes EncodeArray(const py::array& kv, bool one_layer, const std::string& st
 
 py::bytes Encode(const py::array& kv, const std::string& strategy, std::optional<std::pair<uint32_t, uint32_t>> layers,
                  uint64_t request_id, int threads, std::optional<std::string> dtype,
-                 std::optional<std::vector<float>> scores, uint32_t token_offset) {
-  return EncodeArray(kv, false, strategy, {request_id, threads, dtype, scores, token_offset},
+                 std::optional<std::vector<float>> scores, uint32_t token_offset, ScalesArg scales) {
+  return EncodeArray(kv, false, strategy, {request_id, threads, dtype, scores, token_offset, scales},
                      [&](const Pipeline& p, const KvBlock& b, ByteBuffer* f, const CodecOptions& o) {
                        return layers ? p.EncodeLayers(b, layers->first, layers->second, f, o) : p.Encode(b, f, o);
                      });
@@ -292,15 +316,15 @@ py::bytes Encode(const py::array& kv, const std::string& strategy, std::optional
 
 py::bytes EncodeLayer(const py::array& kv_layer, const std::string& strategy, uint32_t layer, uint32_t n_layer,
                       uint64_t request_id, int threads, std::optional<std::string> dtype,
-                      std::optional<std::vector<float>> scores, uint32_t token_offset) {
-  return EncodeArray(kv_layer, true, strategy, {request_id, threads, dtype, scores, token_offset},
+                      std::optional<std::vector<float>> scores, uint32_t token_offset, ScalesArg scales) {
+  return EncodeArray(kv_layer, true, strategy, {request_id, threads, dtype, scores, token_offset, scales},
                      [&](const Pipeline& p, const KvBlock& b, ByteBuffer* f, const CodecOptions& o) {
                        return p.EncodeLayerSlice(b, layer, n_layer, f, o);
                      });
 }
 
 py::object Decode(const py::buffer& frame, std::optional<py::array> out, int threads,
-                  std::optional<std::string> dtype) {
+                  std::optional<std::string> dtype, ScalesArg scales) {
   Buffer buf = BytesOf(frame);
   CodecOptions o;
   o.pool = PoolFor(threads);
@@ -313,6 +337,7 @@ py::object Decode(const py::buffer& frame, std::optional<py::array> out, int thr
           Status::InvalidArgument("out must be C-contiguous (n_layer, 2, n_head_kv, n_token, head_dim), or a token "
                                   "slice of such an array, to be decoded into in place"));
     }
+    SetScales(*view, scales);
     {
       py::gil_scoped_release release;
       Check(DecodeKv(buf.bytes(), &*view, o, DefaultCodecEnv()));
@@ -364,28 +389,29 @@ KvBlock PagedOfArrays(const std::vector<py::array>& layers, const std::vector<ui
 
 py::bytes EncodePaged(const std::vector<py::array>& layers, const std::vector<uint32_t>& block_table, uint32_t n_token,
                       const std::string& strategy, uint64_t request_id, int threads, std::optional<std::string> dtype,
-                      uint32_t token_offset) {
+                      uint32_t token_offset, ScalesArg scales) {
   KvBlock block = PagedOfArrays(layers, block_table, n_token, dtype, false);
-  return EncodeBlock(block, strategy, {request_id, threads, dtype, std::nullopt, token_offset},
+  return EncodeBlock(block, strategy, {request_id, threads, dtype, std::nullopt, token_offset, scales},
                      [](const Pipeline& p, const KvBlock& b, ByteBuffer* f, const CodecOptions& o) { return p.Encode(b, f, o); });
 }
 
 py::bytes EncodeLayerPaged(const py::array& kv_layer, const std::vector<uint32_t>& block_table, uint32_t n_token,
                            const std::string& strategy, uint32_t layer, uint32_t n_layer, uint64_t request_id, int threads,
                            std::optional<std::string> dtype, std::optional<std::vector<float>> scores,
-                           uint32_t token_offset) {
+                           uint32_t token_offset, ScalesArg scales) {
   KvBlock block = PagedOfArrays({kv_layer}, block_table, n_token, dtype, false);
-  return EncodeBlock(block, strategy, {request_id, threads, dtype, scores, token_offset},
+  return EncodeBlock(block, strategy, {request_id, threads, dtype, scores, token_offset, scales},
                      [&](const Pipeline& p, const KvBlock& b, ByteBuffer* f, const CodecOptions& o) {
                        return p.EncodeLayerSlice(b, layer, n_layer, f, o);
                      });
 }
 
 void DecodePaged(const py::buffer& frame, const std::vector<py::array>& layers, const std::vector<uint32_t>& block_table,
-                 int threads, std::optional<std::string> dtype) {
+                 int threads, std::optional<std::string> dtype, ScalesArg scales) {
   Buffer buf = BytesOf(frame);
   FrameView v = Unwrap(ParseFrame(buf.bytes()));
   KvBlock block = PagedOfArrays(layers, block_table, v.header.shape.n_token, dtype, true);
+  SetScales(block, scales);
   CodecOptions o;
   o.pool = PoolFor(threads);
   py::gil_scoped_release release;
@@ -408,6 +434,16 @@ py::dict FrameInfo(const py::buffer& frame) {
   d["positions"] = h.positions;
   d["payload_bytes"] = h.payload_len;
   d["frame_bytes"] = h.frame_len();
+  // An FP8 cache's scales: None, or a float32 array (n_layer, 2) per tensor / (n_layer, 2, n_head_kv) per head.
+  if (h.fp8_scales.empty()) {
+    d["fp8_scales"] = py::none();
+  } else {
+    std::vector<ssize_t> shape{ssize_t(h.shape.n_layer), 2};
+    if (h.fp8_scales.granularity == Fp8Scales::Granularity::kHead) shape.push_back(ssize_t(h.shape.n_head_kv));
+    py::array_t<float> a(shape);
+    std::memcpy(a.mutable_data(), h.fp8_scales.scale.data(), 4 * h.fp8_scales.scale.size());
+    d["fp8_scales"] = a;
+  }
   return d;
 }
 
@@ -417,7 +453,8 @@ class PyLayerAssembler {
   // `out`: an array (n_layer, 2, n_head_kv, n_token, head_dim); or, with a block table, a paged
   // cache in vLLM's layout (a list of per-layer arrays, as encode_paged takes) holding n_token tokens.
   PyLayerAssembler(uint64_t request_id, py::object out, std::optional<std::string> dtype,
-                   std::optional<std::vector<uint32_t>> block_table, std::optional<uint32_t> n_token)
+                   std::optional<std::vector<uint32_t>> block_table, std::optional<uint32_t> n_token,
+                   ScalesArg scales)
       : out_(out) {
     if (block_table) {
       if (!n_token) Throw(Status::InvalidArgument("a paged LayerAssembler needs n_token"));
@@ -430,6 +467,7 @@ class PyLayerAssembler {
       if (!view) Throw(Status::InvalidArgument("out must be C-contiguous or a token slice of such an array"));
       view_ = std::make_unique<KvBlock>(std::move(*view));
     }
+    SetScales(*view_, scales);
     asm_ = std::make_unique<LayerAssembler>(request_id, view_.get(), DefaultCodecEnv());
   }
   void Add(const py::buffer& frame, int threads) {
@@ -752,33 +790,37 @@ PYBIND11_MODULE(_kvserve, m) {
 
   m.def("encode", &Encode, py::arg("kv"), py::arg("strategy"), py::kw_only(), py::arg("layers") = py::none(),
         py::arg("request_id") = 0, py::arg("threads") = 1, py::arg("dtype") = py::none(),
-        py::arg("token_scores") = py::none(), py::arg("token_offset") = 0,
+        py::arg("token_scores") = py::none(), py::arg("token_offset") = 0, py::arg("scales") = py::none(),
         "Encodes a KV array (n_layer, 2, n_head_kv, n_token, head_dim) of float16/float32 (bf16: uint16 with "
-        "dtype='bf16') into a frame. Reads the array in place when it is C-contiguous or a token slice of such an "
-        "array. layers=(begin, count) encodes those layers into a per-layer frame tagged with request_id.");
+        "dtype='bf16'; FP8: uint8 with dtype='e4m3'/'e5m2') into a frame. Reads the array in place when it is "
+        "C-contiguous or a token slice of such an array. layers=(begin, count) encodes those layers into a per-layer "
+        "frame tagged with request_id. scales: an FP8 cache's dequantisation scales (value = code * scale), "
+        "(n_layer, 2) per tensor or (n_layer, 2, n_head_kv) per head; the frame carries them.");
   m.def("encode_layer", &EncodeLayer, py::arg("kv_layer"), py::arg("strategy"), py::arg("layer"), py::arg("n_layer"),
         py::kw_only(), py::arg("request_id") = 0, py::arg("threads") = 1, py::arg("dtype") = py::none(),
-        py::arg("token_scores") = py::none(), py::arg("token_offset") = 0,
+        py::arg("token_scores") = py::none(), py::arg("token_offset") = 0, py::arg("scales") = py::none(),
         "Encodes one layer's KV (2, n_head_kv, n_token, head_dim), layer `layer` of a request with n_layer layers, "
         "into the frame encode(kv, layers=(layer, 1)) gives from the whole array.");
   m.def("decode", &Decode, py::arg("frame"), py::kw_only(), py::arg("out") = py::none(), py::arg("threads") = 1,
-        py::arg("dtype") = py::none(),
-        "Decodes a frame. Without out: a new array whose memory is the decoded block (no copy). With out: decodes "
-        "into that array in place (its dtype; shape must match) and returns it.");
+        py::arg("dtype") = py::none(), py::arg("scales") = py::none(),
+        "Decodes a frame. Without out: a new array whose memory is the decoded block (no copy; an FP8 frame's codes, "
+        "its scales in frame_info()['fp8_scales']). With out: decodes into that array in place (its dtype; shape "
+        "must match) and returns it; scales are out's own FP8 scales (none: 1), to which the frame's codes are "
+        "converted, and a non-FP8 out receives the values.");
   m.def("encode_paged", &EncodePaged, py::arg("layers"), py::arg("block_table"), py::arg("n_token"),
         py::arg("strategy"), py::kw_only(), py::arg("request_id") = 0, py::arg("threads") = 1,
-        py::arg("dtype") = py::none(), py::arg("token_offset") = 0,
+        py::arg("dtype") = py::none(), py::arg("token_offset") = 0, py::arg("scales") = py::none(),
         "Encodes a sequence held in a paged cache, vLLM's layout: one C-contiguous array per layer, (2, num_blocks, "
         "block_size, n_head_kv, head_dim), the sequence's n_token tokens in the pages block_table lists. Reads the "
         "pages in place; the frame is byte for byte what encode() gives from the dense array.");
   m.def("encode_layer_paged", &EncodeLayerPaged, py::arg("kv_layer"), py::arg("block_table"), py::arg("n_token"),
         py::arg("strategy"), py::arg("layer"), py::arg("n_layer"), py::kw_only(), py::arg("request_id") = 0,
         py::arg("threads") = 1, py::arg("dtype") = py::none(), py::arg("token_scores") = py::none(),
-        py::arg("token_offset") = 0,
+        py::arg("token_offset") = 0, py::arg("scales") = py::none(),
         "Encodes one layer of a paged cache (2, num_blocks, block_size, n_head_kv, head_dim), layer `layer` of a "
         "request with n_layer layers, into the frame encode_layer() gives from the dense layer.");
   m.def("decode_paged", &DecodePaged, py::arg("frame"), py::arg("layers"), py::arg("block_table"), py::kw_only(),
-        py::arg("threads") = 1, py::arg("dtype") = py::none(),
+        py::arg("threads") = 1, py::arg("dtype") = py::none(), py::arg("scales") = py::none(),
         "Decodes a frame into a paged cache (vLLM's layout, as encode_paged takes it) in place: the frame's tokens go "
         "to the pages block_table lists; no other row is written.");
   m.def("frame_info", &FrameInfo, py::arg("frame"), "The verified header of a frame as a dict.");
@@ -786,9 +828,9 @@ PYBIND11_MODULE(_kvserve, m) {
   py::class_<PyLayerAssembler>(
       m, "LayerAssembler", "Decodes one request's per-layer frames into a caller's array as they arrive, in any order.")
       .def(py::init<uint64_t, py::object, std::optional<std::string>, std::optional<std::vector<uint32_t>>,
-                    std::optional<uint32_t>>(),
+                    std::optional<uint32_t>, ScalesArg>(),
            py::arg("request_id"), py::arg("out"), py::arg("dtype") = py::none(), py::kw_only(),
-           py::arg("block_table") = py::none(), py::arg("n_token") = py::none())
+           py::arg("block_table") = py::none(), py::arg("n_token") = py::none(), py::arg("scales") = py::none())
       .def("add", &PyLayerAssembler::Add, py::arg("frame"), py::arg("threads") = 1)
       .def_property_readonly("complete", &PyLayerAssembler::complete)
       .def_property_readonly("layers_done", &PyLayerAssembler::layers_done)

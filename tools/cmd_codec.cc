@@ -135,16 +135,22 @@ void AddCodecCommands(CLI::App& app) {
     c->add_option("--tokens", *tokens, "number of tokens")->capture_default_str()->check(InRange(1, 1 << 24));
     c->add_option("--seed", *seed, "random seed")->capture_default_str();
     c->add_option("--dtype", *dtype, "f16 | bf16 | f32 | e4m3 | e5m2")->capture_default_str();
+    auto fp8_scale = std::make_shared<std::string>("none");
+    c->add_option("--fp8-scale", *fp8_scale,
+                  "with e4m3/e5m2: none | tensor (one scale per layer and K/V, vLLM's k_scale/v_scale) | head")
+        ->capture_default_str();
     c->add_option("-o,--output", *out, "output .kvf file")->required()->check(OutputPath());
     SetAction(c, [=]() -> Status {
       KV_ASSIGN_OR_RETURN(KvShape s, ShapePreset(*shape, *tokens));
       SynthOptions o;
       o.seed = *seed;
       KV_ASSIGN_OR_RETURN(o.dtype, ParseDType(*dtype));
+      KV_ASSIGN_OR_RETURN(o.fp8_scale, ParseFp8Granularity(*fp8_scale));
       o.pool = Pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
       KV_ASSIGN_OR_RETURN(KvBlock b, SynthesizeKv(s, o));
       KV_RETURN_IF_ERROR(WriteKvFile(*out, b));
-      std::printf("wrote %s: %s %s, %.1f MiB\n", out->c_str(), s.ToString().c_str(), DTypeName(b.dtype()),
+      std::printf("wrote %s: %s %s%s, %.1f MiB\n", out->c_str(), s.ToString().c_str(), DTypeName(b.dtype()),
+                  b.fp8_scales().empty() ? "" : (std::string(" scaled per ") + Fp8GranularityName(o.fp8_scale)).c_str(),
                   b.bytes() / 1048576.0);
       return Status::Ok();
     });

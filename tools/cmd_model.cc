@@ -311,11 +311,21 @@ void AddModelCommands(CLI::App& app) {
     c->add_option("--seed", ef->seed, "evaluation-set seed (with --context)")->capture_default_str();
     c->add_option("--prompt-len", ef->prompt_len, "prompt tokens of the context (with --context)");
     c->add_option("--dtype", *dtype, "f16 | bf16 | f32 | e4m3 | e5m2")->capture_default_str();
+    auto fp8_scale = std::make_shared<std::string>("none");
+    c->add_option("--fp8-scale", *fp8_scale,
+                  "with e4m3/e5m2: none | tensor (one scale per layer and K/V, vLLM's k_scale/v_scale) | head")
+        ->capture_default_str();
     c->add_option("-o,--output", *out, "output .kvf")->required()->check(OutputPath());
     SetAction(c, [=]() -> Status {
       if (prompt->empty() && *context < 0) return Status::InvalidArgument("give --prompt TEXT or --context K");
       KV_ASSIGN_OR_RETURN(LlamaModel m, mf->Load());
       KV_ASSIGN_OR_RETURN(DType dt, ParseDType(*dtype));
+      KV_ASSIGN_OR_RETURN(Fp8Scales::Granularity granularity, ParseFp8Granularity(*fp8_scale));
+      if (granularity != Fp8Scales::Granularity::kNone && !IsFp8(dt)) {
+        return Status::InvalidArgument("--fp8-scale " + *fp8_scale + " needs --dtype e4m3 or e5m2, not " + *dtype);
+      }
+      // Captured in f32; an FP8 cache is then made as an engine makes it (scaled, or not).
+      const DType capture_dt = IsFp8(dt) ? DType::kF32 : dt;
       KvBlock kv;
       if (*context >= 0) {
         EvalFlags f = *ef;
@@ -325,18 +335,22 @@ void AddModelCommands(CLI::App& app) {
           return Status::InvalidArgument("--context " + std::to_string(*context) + " is beyond the " +
                                          std::to_string(ev->eval_set().contexts.size()) + " evaluation contexts");
         }
-        KV_ASSIGN_OR_RETURN(kv, ev->prompt_kv(uint32_t(*context)).ConvertTo(dt));
+        KV_ASSIGN_OR_RETURN(kv, ev->prompt_kv(uint32_t(*context)).ConvertTo(capture_dt));
       } else {
         std::vector<int> ids = m.tokenizer.Encode(*prompt, true);
         LlamaEngine engine(m);
         KV_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(m.config));
         KV_RETURN_IF_ERROR(engine.Forward(ids.data(), uint32_t(ids.size()), &cache, nullptr));
-        KV_ASSIGN_OR_RETURN(kv, cache.Prefix(uint32_t(ids.size()), dt));
+        KV_ASSIGN_OR_RETURN(kv, cache.Prefix(uint32_t(ids.size()), capture_dt));
+      }
+      if (IsFp8(dt)) {
+        KV_ASSIGN_OR_RETURN(kv, ToScaledFp8(kv, dt, granularity));
       }
       KV_RETURN_IF_ERROR(WriteKvFile(*out, kv));
-      std::printf("wrote %s: %s KV of %s, %s %s\n", out->c_str(), m.name.c_str(),
+      std::printf("wrote %s: %s KV of %s, %s %s%s\n", out->c_str(), m.name.c_str(),
                   *context >= 0 ? ("context " + std::to_string(*context)).c_str() : "the prompt",
-                  kv.shape().ToString().c_str(), DTypeName(kv.dtype()));
+                  kv.shape().ToString().c_str(), DTypeName(kv.dtype()),
+                  kv.fp8_scales().empty() ? "" : (std::string(" scaled per ") + *fp8_scale).c_str());
       return Status::Ok();
     });
   }

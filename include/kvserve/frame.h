@@ -5,6 +5,8 @@
 //  32 u64 payload_len | 40 u64 request_id | 48 u32 layer_begin | 52 u32 n_layer_total
 //  56 u16 spec_len | 58 spec bytes (canonical strategy)
 //  [flags bit 0: u32 count, count x u32 positions of the tokens a selection stage kept]
+//  [flags bit 1 (FP8 frames): u8 granularity (1 per (layer, K/V), 2 per (layer, K/V, head)),
+//   u8[3] zero, u32 count, count x f32 scales of the engine's FP8 cache (Fp8Scales)]
 //  header_len: payload | u64 checksum of everything before it: XXH3-64 (xxHash) of the XXH3-64s
 //  of its 256 KiB chunks (the last one shorter), as little-endian u64s. Version 2 frames, whose
 //  checksum is the XXH3-64 of the bytes, are still read; frames are written as version 3.
@@ -48,7 +50,12 @@ struct FrameHeader {
   // strictly increasing, within [token_offset, token_offset + n_token).
   std::vector<uint32_t> positions;
   bool has_positions = false;
-  size_t header_len() const { return kFrameFixedHeader + spec.size() + (has_positions ? 4 + 4 * positions.size() : 0); }
+  // The encoded block's FP8 scales (empty for other dtypes and unscaled FP8 caches).
+  Fp8Scales fp8_scales;
+  size_t header_len() const {
+    return kFrameFixedHeader + spec.size() + (has_positions ? 4 + 4 * positions.size() : 0) +
+           (fp8_scales.empty() ? 0 : 8 + 4 * fp8_scales.scale.size());
+  }
   size_t frame_len() const { return header_len() + payload_len + kFrameChecksumBytes; }
 };
 

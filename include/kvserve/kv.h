@@ -44,8 +44,8 @@ using ByteBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
 // S.1111.111, largest 448) and E5M2 (bias 15, IEEE-like infinities and NaNs, largest 57344).
 // Conversions into them round to nearest even and saturate: a finite value beyond the largest
 // becomes the largest (what engines do by clamping after scaling), an infinity stays one in E5M2
-// and saturates in E4M3; NaN stays NaN. Any scale an engine applies lives with the engine (or the
-// `fp8` stage), not in the dtype.
+// and saturates in E4M3; NaN stays NaN. A scale an engine applies to its FP8 cache is carried
+// beside the codes (Fp8Scales), not in the dtype.
 enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kE4M3 = 3, kE5M2 = 4 };
 inline constexpr DType kLastDType = DType::kE5M2;
 
@@ -93,6 +93,31 @@ struct KvPages {
   std::vector<uint32_t> block_table; // page id of each block_size tokens of the sequence
 };
 
+// The dequantisation scales of an FP8 cache, as engines keep them: the value of a code is
+// code * scale. vLLM's k_scale/v_scale are one per (layer, K/V) — kTensor; per-head scales are one
+// per (layer, K/V, head) — kHead. `scale` is in slab order ([layer][K|V] or [layer][K|V][head]).
+// Codec stages code the codes; the scales travel in the frame (flag bit 1) and a decoder
+// converts codes to its destination's scales (see Pipeline::DecodeView).
+struct Fp8Scales {
+  enum class Granularity : uint8_t { kNone = 0, kTensor = 1, kHead = 2 };
+  Granularity granularity = Granularity::kNone;
+  std::vector<float> scale;
+
+  bool empty() const { return granularity == Granularity::kNone; }
+  // Scales a block of this shape needs: 2 * n_layer (kTensor), n_slab (kHead), 0 (kNone).
+  static uint64_t Count(Granularity g, const KvShape& shape);
+  // The scale of slab `slab_index` of a block of `shape` (1 when empty).
+  float ForSlab(const KvShape& shape, uint64_t slab_index) const {
+    if (granularity == Granularity::kNone) return 1.0f;
+    return scale[granularity == Granularity::kHead ? slab_index : slab_index / shape.n_head_kv];
+  }
+  // Those of layers [layer_begin, layer_begin + n_layers).
+  Fp8Scales Layers(const KvShape& shape, uint32_t layer_begin, uint32_t n_layers) const;
+  bool operator==(const Fp8Scales&) const = default;
+};
+const char* Fp8GranularityName(Fp8Scales::Granularity g);  // "none", "tensor", "head"
+Result<Fp8Scales::Granularity> ParseFp8Granularity(std::string_view name);
+
 class KvBlock {
  public:
   KvBlock() = default;
@@ -133,6 +158,13 @@ class KvBlock {
   const std::vector<uint32_t>& positions() const { return positions_; }
   void set_positions(std::vector<uint32_t> positions) { positions_ = std::move(positions); }
   uint32_t position(uint32_t token) const { return positions_.empty() ? token_offset_ + token : positions_[token]; }
+  // An FP8 block's scales (empty: every code is its value). Setting them checks the dtype is FP8,
+  // the count fits the shape and every scale is finite and positive, naming the first that is not.
+  const Fp8Scales& fp8_scales() const { return scales_; }
+  Status set_fp8_scales(Fp8Scales scales);
+  // Multiplies the values of each slab by mul[slab] in place (FP8 codes are re-rounded,
+  // saturating), any layout; slabs whose factor is 1 are not touched.
+  void ScaleSlabs(const std::vector<float>& mul);
 
   // The dense [n_token][head_dim] slab of (layer, part, head), in this block's dtype.
   uint8_t* slab(uint32_t layer, KvPart part, uint32_t head) { return slab_at(shape_.slab_index(layer, part, head)); }
@@ -156,16 +188,18 @@ class KvBlock {
   float* f32() { return reinterpret_cast<float*>(data()); }
   const float* f32() const { return reinterpret_cast<const float*>(data()); }
 
-  // Element access for tests and tools; hot code works on slabs.
+  // Element access for tests and tools (values: an FP8 code times its scale); hot code works on slabs.
   float Get(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d) const;
   void Set(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d, float v);
 
-  // An owning, dense copy in `dtype` (views too).
+  // An owning, dense copy in `dtype` (views too). From FP8 with scales to another dtype the values
+  // are scaled; to the same FP8 dtype the codes and scales are copied.
   Result<KvBlock> ConvertTo(DType dtype) const;
   // Copy of tokens [begin, begin + count); the copy's token_offset is this one's plus begin.
   Result<KvBlock> SliceTokens(uint32_t begin, uint32_t count) const;
-  // Reshapes to a new shape/dtype, reusing the allocation where it is large enough. A view
-  // cannot change: it accepts only its own shape and dtype.
+  // Reshapes to a new shape/dtype, reusing the allocation where it is large enough, and forgets
+  // positions and (owning blocks) scales. A view cannot change: it accepts only its own shape and
+  // dtype, and keeps its scales (they are its destination's).
   Status Reset(const KvShape& shape, DType dtype);
 
  private:
@@ -173,6 +207,7 @@ class KvBlock {
   DType dtype_ = DType::kF32;
   uint32_t token_offset_ = 0;
   std::vector<uint32_t> positions_;
+  Fp8Scales scales_;
   ByteBuffer data_;
   uint8_t* view_ = nullptr;  // caller memory when a view
   uint64_t view_stride_ = 0;
@@ -180,6 +215,12 @@ class KvBlock {
   // Address of token `token`'s row of slab `slab_index` in a paged view.
   uint8_t* PagedRow(uint64_t slab_index, uint32_t token) const;
 };
+
+// Values to an FP8 cache as engines make one: each (layer, K/V) (kTensor) or (layer, K/V, head)
+// (kHead) scaled so its largest finite magnitude becomes the format's largest value (vLLM's
+// amax / 448 for E4M3), codes rounded to nearest even; kNone converts unscaled. A slab of zeros
+// gets scale 1. The input may be any dtype and layout (an FP8 input's scales are applied first).
+Result<KvBlock> ToScaledFp8(const KvBlock& values, DType fp8, Fp8Scales::Granularity granularity);
 
 // Splits a block into chunks of at most chunk_tokens tokens (the last may be shorter).
 Result<std::vector<KvBlock>> SplitIntoChunks(const KvBlock& block, uint32_t chunk_tokens = kDefaultChunkTokens);
@@ -202,6 +243,7 @@ uint16_t FloatToBFloat16(float f);   // round to nearest even, NaN kept quiet
 // fused in one pass (no float buffer) for f16, the common case.
 void ConvertToFp8Scaled(DType src_dtype, const void* src, float mul, DType fp8, uint8_t* dst, size_t n);
 void ConvertFromFp8Scaled(DType fp8, const uint8_t* src, float mul, DType dst_dtype, void* dst, size_t n);
+bool IsFp8(DType dtype);
 float E4M3ToFloat(uint8_t b);
 uint8_t FloatToE4M3(float f);        // round to nearest even, saturating (see DType)
 float E5M2ToFloat(uint8_t b);

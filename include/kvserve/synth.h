@@ -13,6 +13,9 @@ namespace kvserve {
 struct SynthOptions {
   uint64_t seed = 1;
   DType dtype = DType::kF16;
+  // With an FP8 dtype: scale per (layer, K/V) or per head as an engine would (ToScaledFp8);
+  // kNone stores the values unscaled.
+  Fp8Scales::Granularity fp8_scale = Fp8Scales::Granularity::kNone;
   ThreadPool* pool = nullptr;  // null: the calling thread; the result does not depend on it
 };
 

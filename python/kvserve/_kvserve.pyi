@@ -8,7 +8,9 @@ import numpy.typing as npt
 __version__: str
 
 Buffer = Union[bytes, bytearray, memoryview]
-KvArray = npt.NDArray[Any]  # float16, float32, or uint16 holding bf16
+KvArray = npt.NDArray[Any]  # float16, float32, uint16 holding bf16, or uint8 holding e4m3/e5m2
+# An FP8 cache's scales (value = code * scale): (n_layer, 2) per tensor or (n_layer, 2, n_head_kv) per head.
+Scales = npt.ArrayLike
 
 class Error(RuntimeError):
     """Base of every kvserve error; the message is the library's."""
@@ -37,6 +39,7 @@ def encode(
     dtype: Optional[str] = None,
     token_scores: Optional[Sequence[float]] = None,
     token_offset: int = 0,
+    scales: Optional[Scales] = None,
 ) -> bytes: ...
 def encode_layer(
     kv_layer: KvArray,
@@ -49,8 +52,16 @@ def encode_layer(
     dtype: Optional[str] = None,
     token_scores: Optional[Sequence[float]] = None,
     token_offset: int = 0,
+    scales: Optional[Scales] = None,
 ) -> bytes: ...
-def decode(frame: Buffer, *, out: Optional[KvArray] = None, threads: int = 1, dtype: Optional[str] = None) -> KvArray: ...
+def decode(
+    frame: Buffer,
+    *,
+    out: Optional[KvArray] = None,
+    threads: int = 1,
+    dtype: Optional[str] = None,
+    scales: Optional[Scales] = None,
+) -> KvArray: ...
 def encode_paged(
     layers: Sequence[KvArray],
     block_table: Sequence[int],
@@ -61,6 +72,7 @@ def encode_paged(
     threads: int = 1,
     dtype: Optional[str] = None,
     token_offset: int = 0,
+    scales: Optional[Scales] = None,
 ) -> bytes: ...
 def encode_layer_paged(
     kv_layer: KvArray,
@@ -75,9 +87,16 @@ def encode_layer_paged(
     dtype: Optional[str] = None,
     token_scores: Optional[Sequence[float]] = None,
     token_offset: int = 0,
+    scales: Optional[Scales] = None,
 ) -> bytes: ...
 def decode_paged(
-    frame: Buffer, layers: Sequence[KvArray], block_table: Sequence[int], *, threads: int = 1, dtype: Optional[str] = None
+    frame: Buffer,
+    layers: Sequence[KvArray],
+    block_table: Sequence[int],
+    *,
+    threads: int = 1,
+    dtype: Optional[str] = None,
+    scales: Optional[Scales] = None,
 ) -> None: ...
 def frame_info(frame: Buffer) -> Dict[str, Any]: ...
 
@@ -90,6 +109,7 @@ class LayerAssembler:
         *,
         block_table: Optional[Sequence[int]] = None,
         n_token: Optional[int] = None,
+        scales: Optional[Scales] = None,
     ) -> None: ...
     def add(self, frame: Buffer, threads: int = 1) -> None: ...
     @property

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -75,7 +76,7 @@ void AppendFrameHeader(const FrameHeader& h, ByteBuffer* out) {
   Put<uint16_t>(out, h.version);
   Put<uint16_t>(out, static_cast<uint16_t>(h.header_len()));
   Put<uint8_t>(out, static_cast<uint8_t>(h.dtype));
-  Put<uint8_t>(out, h.has_positions ? 1 : 0);
+  Put<uint8_t>(out, (h.has_positions ? 1 : 0) | (h.fp8_scales.empty() ? 0 : 2));
   Put<uint16_t>(out, 0);
   Put<uint32_t>(out, h.shape.n_layer);
   Put<uint32_t>(out, h.shape.n_head_kv);
@@ -91,6 +92,13 @@ void AppendFrameHeader(const FrameHeader& h, ByteBuffer* out) {
   if (h.has_positions) {
     Put<uint32_t>(out, static_cast<uint32_t>(h.positions.size()));
     for (uint32_t p : h.positions) Put<uint32_t>(out, p);
+  }
+  if (!h.fp8_scales.empty()) {
+    Put<uint8_t>(out, static_cast<uint8_t>(h.fp8_scales.granularity));
+    Put<uint8_t>(out, 0);
+    Put<uint16_t>(out, 0);
+    Put<uint32_t>(out, static_cast<uint32_t>(h.fp8_scales.scale.size()));
+    for (float f : h.fp8_scales.scale) Put<float>(out, f);
   }
 }
 
@@ -129,10 +137,18 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b, ThreadPool* pool) {
     if (b.size() < kFrameFixedHeader + spec_len + 4u) return Status::Corrupt("truncated frame: positions count missing");
     n_positions = Get<uint32_t>(p + kFrameFixedHeader + spec_len);
   }
-  if (header_len != kFrameFixedHeader + spec_len + (has_positions ? 4 + 4 * n_positions : 0)) {
+  const bool has_scales = p[9] & 2;
+  const uint64_t scales_at = kFrameFixedHeader + spec_len + (has_positions ? 4 + 4 * n_positions : 0);
+  uint64_t n_scales = 0;
+  if (has_scales) {
+    if (b.size() < scales_at + 8) return Status::Corrupt("truncated frame: FP8 scales count missing");
+    n_scales = Get<uint32_t>(p + scales_at + 4);
+  }
+  if (header_len != scales_at + (has_scales ? 8 + 4 * n_scales : 0)) {
     return Status::Corrupt("frame header_len " + std::to_string(header_len) + " does not match spec_len " +
                            std::to_string(spec_len) + " + " + std::to_string(kFrameFixedHeader) +
-                           (has_positions ? " + positions (" + std::to_string(n_positions) + ")" : std::string()));
+                           (has_positions ? " + positions (" + std::to_string(n_positions) + ")" : std::string()) +
+                           (has_scales ? " + FP8 scales (" + std::to_string(n_scales) + ")" : std::string()));
   }
   if (spec_len > kFrameMaxSpec) {
     return Status::Corrupt("frame spec_len " + std::to_string(spec_len) + " above the limit of " +
@@ -157,7 +173,7 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b, ThreadPool* pool) {
     return Status::Corrupt(buf);
   }
   // The checksum matched, so anything wrong below was written wrong, not damaged in transit.
-  if ((p[9] & ~1) != 0 || p[10] != 0 || p[11] != 0) return Status::Corrupt("frame reserved bytes are not zero");
+  if ((p[9] & ~3) != 0 || p[10] != 0 || p[11] != 0) return Status::Corrupt("frame reserved bytes are not zero");
   FrameView v;
   v.header.version = Get<uint16_t>(p + 4);
   const uint8_t dtype = p[8];
@@ -193,6 +209,31 @@ Result<FrameView> ParseFrame(std::span<const uint8_t> b, ThreadPool* pool) {
       // selected before carries positions from a wider span, still increasing from the offset.
       if (q < v.header.token_offset || (i && q <= v.header.positions[i - 1])) {
         return Status::Corrupt("frame token positions are not increasing from the token offset");
+      }
+    }
+  }
+  if (has_scales) {
+    const uint8_t* q = p + scales_at;
+    if (!IsFp8(v.header.dtype)) {
+      return Status::Corrupt(std::string("frame carries FP8 scales for dtype ") + DTypeName(v.header.dtype));
+    }
+    if (q[0] < 1 || q[0] > 2 || q[1] != 0 || q[2] != 0 || q[3] != 0) {
+      return Status::Corrupt("frame FP8 scale granularity " + std::to_string(q[0]) + " is not 1 (tensor) or 2 (head)");
+    }
+    const auto g = static_cast<Fp8Scales::Granularity>(q[0]);
+    if (n_scales != Fp8Scales::Count(g, v.header.shape)) {
+      return Status::Corrupt("frame carries " + std::to_string(n_scales) + " FP8 scales per " + Fp8GranularityName(g) +
+                             ", its shape " + v.header.shape.ToString() + " needs " +
+                             std::to_string(Fp8Scales::Count(g, v.header.shape)));
+    }
+    v.header.fp8_scales.granularity = g;
+    v.header.fp8_scales.scale.resize(n_scales);
+    if (n_scales > 0) std::memcpy(v.header.fp8_scales.scale.data(), q + 8, 4 * n_scales);
+    for (uint64_t i = 0; i < n_scales; ++i) {
+      const float f = v.header.fp8_scales.scale[i];
+      if (!std::isfinite(f) || !(f > 0)) {
+        return Status::Corrupt("frame FP8 scale " + std::to_string(i) + " = " + std::to_string(f) +
+                               " is not finite and positive");
       }
     }
   }

@@ -1,6 +1,7 @@
 // Pipeline: composes registered stages into a strategy, and wraps their output in a frame.
 // Encode runs stages first to last; decode runs them last to first.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "codec/stage.h"
@@ -102,6 +103,26 @@ Status Pipeline::EncodeLayerSlice(const KvBlock& layers, uint32_t layer_begin, u
   return cut.EncodeTagged(layers, layer_begin, n_layer_total, frame, opts);
 }
 
+namespace {
+// After the stages have written the frame's codes (or values) into `out`: an owning block takes
+// the frame's FP8 scales; a view (an engine's cache) keeps its own, so each slab is converted
+// from the frame's scale to the view's — FP8 codes re-rounded, other dtypes given the values.
+// Nothing is touched where the two agree (the usual case: one model's scales on both sides).
+Status ToDestinationScales(const FrameHeader& h, KvBlock* out) {
+  if (!out->is_view()) return out->set_fp8_scales(h.fp8_scales);
+  if (h.fp8_scales.empty() && out->fp8_scales().empty()) return Status::Ok();
+  const KvShape& shape = out->shape();
+  std::vector<float> mul(shape.n_slab());
+  bool any = false;
+  for (uint64_t s = 0; s < shape.n_slab(); ++s) {
+    mul[s] = h.fp8_scales.ForSlab(shape, s) / out->fp8_scales().ForSlab(shape, s);
+    any |= mul[s] != 1.0f;
+  }
+  if (any) out->ScaleSlabs(mul);
+  return Status::Ok();
+}
+}  // namespace
+
 Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32_t n_layer_total, ByteBuffer* frame,
                               const CodecOptions& opts) const {
   KV_RETURN_IF_ERROR(block.shape().Validate());
@@ -130,6 +151,13 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
   h.has_positions = selects || !block.positions().empty();
   if (selects) h.positions.assign(shapes.back().n_token, 0);
   else h.positions = block.positions();
+  // Stages code an FP8 cache's codes; its scales ride in the header for the decoder.
+  h.fp8_scales = block.fp8_scales();
+  if (h.header_len() > UINT16_MAX) {
+    return Status::OutOfRange("frame header of " + std::to_string(h.header_len()) + " bytes (" +
+                              std::to_string(h.positions.size()) + " token positions, " +
+                              std::to_string(h.fp8_scales.scale.size()) + " FP8 scales) is above 65535: split the block");
+  }
   AppendFrameHeader(h, frame);
   // Room for a payload as large as the block and the checksum: without it the checksum's append
   // reallocates an exactly sized payload, copying the frame and holding it twice. Pages never
@@ -258,7 +286,7 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
       }
       out->WroteSlab(s, dst);
     }
-    return Status::Ok();
+    return ToDestinationScales(v.header, out);
   }
   StageContext ctx;
   ctx.pool = opts.pool;
@@ -312,7 +340,7 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
   }
   out->set_token_offset(v.header.token_offset);
   out->set_positions(v.header.positions);
-  return Status::Ok();
+  return ToDestinationScales(v.header, out);
 }
 
 Status Pipeline::Decode(std::span<const uint8_t> frame, KvBlock* out, const CodecOptions& opts) const {

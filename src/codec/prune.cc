@@ -65,9 +65,11 @@ class PruneStage final : public Stage {
         for (uint32_t l = 0; l < sh.n_layer; ++l)
           for (uint32_t h = 0; h < sh.n_head_kv; ++h) {
             const uint64_t slab = sh.slab_index(l, KvPart::kKey, h);
+            // Keys of an FP8 cache are its codes times their scale: heads compare by value.
+            const double scale = t.fp8_scales().ForSlab(sh, slab), scale2 = scale * scale;
             for (uint32_t i = begin; i < end; ++i) {
               ConvertToF32(t.dtype(), t.TokenRow(slab, i), row.data(), sh.head_dim);
-              score[i] -= SquaredNorm(row.data(), sh.head_dim);
+              score[i] -= SquaredNorm(row.data(), sh.head_dim) * scale2;
             }
           }
       });

@@ -28,6 +28,8 @@ bool HaveF16cConversions() {
 #endif
 }
 
+bool IsFp8(DType dtype) { return dtype == DType::kE4M3 || dtype == DType::kE5M2; }
+
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kF32: return 4;
@@ -402,9 +404,43 @@ struct Fp8Avx512 {
   static size_t ToHalfScaled(const uint8_t* src, float mul, uint16_t* dst, size_t n) {
     const __m512 m = _mm512_set1_ps(mul);
     size_t i = 0;
+    if (n >= kTableMin) i = ToHalfByTable(src, m, dst, n);
     for (; i + 16 <= n; i += 16) {
       const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(Decode(src + i), m), _MM_FROUND_TO_NEAREST_INT);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+    }
+    return i;
+  }
+
+  // Long runs under one scale (a head's slab) by lookup: the 256 results are computed once by the
+  // loop above's own arithmetic, so every output has the same bits; the 128 of the non-negative
+  // codes fill four registers, two two-source word permutes and a select on bit 6 look up 32 codes
+  // at once, and the sign bit is OR-ed in. That takes a third of the arithmetic's instructions per
+  // value. A table where the sign does not simply carry over (a negative or NaN-making scale) is
+  // left to the arithmetic: returns 0.
+  static constexpr size_t kTableMin = 2048;
+  static size_t ToHalfByTable(const uint8_t* src, __m512 m, uint16_t* dst, size_t n) {
+    alignas(64) uint8_t codes[256];
+    alignas(64) uint16_t table[256];
+    for (int c = 0; c < 256; ++c) codes[c] = uint8_t(c);
+    for (int c = 0; c < 256; c += 16) {
+      const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(Decode(codes + c), m), _MM_FROUND_TO_NEAREST_INT);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(table + c), h);
+    }
+    for (int c = 0; c < 128; ++c) {
+      if (table[c | 0x80] != (table[c] | 0x8000)) return 0;
+    }
+    const __m512i t0 = _mm512_load_si512(table), t1 = _mm512_load_si512(table + 32);
+    const __m512i t2 = _mm512_load_si512(table + 64), t3 = _mm512_load_si512(table + 96);
+    const __m512i bit6 = _mm512_set1_epi16(0x40), sign = _mm512_set1_epi16(0x80);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m512i idx = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+      const __m512i lo = _mm512_permutex2var_epi16(t0, idx, t1);  // codes 0..63 (bits 0-5 of idx)
+      const __m512i hi = _mm512_permutex2var_epi16(t2, idx, t3);  // codes 64..127
+      __m512i r = _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(idx, bit6), hi);
+      r = _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(idx, sign), 8));
+      _mm512_storeu_si512(dst + i, r);
     }
     return i;
   }

@@ -1,5 +1,6 @@
 // KvShape / KvBlock: validation, element access, chunking and error statistics.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -164,6 +165,130 @@ void KvBlock::WroteSlab(uint64_t slab_index, const uint8_t* written) {
   for (uint32_t t = 0; t < shape_.n_token; ++t) std::memcpy(PagedRow(slab_index, t), written + t * row, row);
 }
 
+uint64_t Fp8Scales::Count(Granularity g, const KvShape& shape) {
+  switch (g) {
+    case Granularity::kNone: return 0;
+    case Granularity::kTensor: return uint64_t{shape.n_layer} * 2;
+    case Granularity::kHead: return shape.n_slab();
+  }
+  return 0;
+}
+
+Fp8Scales Fp8Scales::Layers(const KvShape& shape, uint32_t layer_begin, uint32_t n_layers) const {
+  if (empty()) return {};
+  const uint64_t per_layer = Count(granularity, shape) / shape.n_layer;
+  Fp8Scales out;
+  out.granularity = granularity;
+  out.scale.assign(scale.begin() + layer_begin * per_layer, scale.begin() + (layer_begin + n_layers) * per_layer);
+  return out;
+}
+
+const char* Fp8GranularityName(Fp8Scales::Granularity g) {
+  switch (g) {
+    case Fp8Scales::Granularity::kNone: return "none";
+    case Fp8Scales::Granularity::kTensor: return "tensor";
+    case Fp8Scales::Granularity::kHead: return "head";
+  }
+  return "?";
+}
+
+Result<Fp8Scales::Granularity> ParseFp8Granularity(std::string_view name) {
+  for (auto g : {Fp8Scales::Granularity::kNone, Fp8Scales::Granularity::kTensor, Fp8Scales::Granularity::kHead}) {
+    if (name == Fp8GranularityName(g)) return g;
+  }
+  return Status::InvalidArgument("FP8 scale granularity '" + std::string(name) + "' is not none, tensor or head");
+}
+
+Status KvBlock::set_fp8_scales(Fp8Scales scales) {
+  if (scales.empty()) {
+    if (!scales.scale.empty()) return Status::InvalidArgument("FP8 scales of granularity none hold " +
+                                                              std::to_string(scales.scale.size()) + " values");
+    scales_ = Fp8Scales{};
+    return Status::Ok();
+  }
+  if (!IsFp8(dtype_)) {
+    return Status::InvalidArgument(std::string("FP8 scales on a ") + DTypeName(dtype_) + " block; only e4m3 and e5m2 carry them");
+  }
+  const uint64_t want = Fp8Scales::Count(scales.granularity, shape_);
+  if (scales.scale.size() != want) {
+    return Status::InvalidArgument(std::string("FP8 scales per ") + Fp8GranularityName(scales.granularity) + " hold " +
+                                   std::to_string(scales.scale.size()) + " values, shape " + shape_.ToString() +
+                                   " needs " + std::to_string(want));
+  }
+  for (size_t i = 0; i < scales.scale.size(); ++i) {
+    if (!std::isfinite(scales.scale[i]) || !(scales.scale[i] > 0)) {
+      return Status::InvalidArgument("FP8 scale " + std::to_string(i) + " = " + std::to_string(scales.scale[i]) +
+                                     " is not finite and positive");
+    }
+  }
+  scales_ = std::move(scales);
+  return Status::Ok();
+}
+
+void KvBlock::ScaleSlabs(const std::vector<float>& mul) {
+  const size_t n = shape_.slab_numel();
+  std::vector<float> tmp;
+  ByteBuffer scratch;
+  for (uint64_t s = 0; s < shape_.n_slab(); ++s) {
+    if (mul[s] == 1.0f) continue;
+    // A paged slab is gathered, scaled and scattered back; any other is scaled where it lies.
+    uint8_t* dst = pages_ ? const_cast<uint8_t*>(ReadSlab(s, scratch)) : slab_at(s);
+    if (IsFp8(dtype_)) {
+      tmp.resize(n);
+      ConvertFromFp8Scaled(dtype_, dst, mul[s], DType::kF32, tmp.data(), n);
+      ConvertToFp8Scaled(DType::kF32, tmp.data(), 1.0f, dtype_, dst, n);
+    } else if (dtype_ == DType::kF32) {
+      float* f = reinterpret_cast<float*>(dst);
+      for (size_t i = 0; i < n; ++i) f[i] *= mul[s];
+    } else {
+      tmp.resize(n);
+      ConvertToF32(dtype_, dst, tmp.data(), n);
+      for (size_t i = 0; i < n; ++i) tmp[i] *= mul[s];
+      ConvertFromF32(dtype_, tmp.data(), dst, n);
+    }
+    WroteSlab(s, dst);
+  }
+}
+
+Result<KvBlock> ToScaledFp8(const KvBlock& values, DType fp8, Fp8Scales::Granularity granularity) {
+  if (!IsFp8(fp8)) return Status::InvalidArgument(std::string("ToScaledFp8 to ") + DTypeName(fp8) + ", not e4m3 or e5m2");
+  const KvShape& shape = values.shape();
+  KvBlock out;
+  KV_RETURN_IF_ERROR(out.Reset(shape, fp8));
+  out.set_token_offset(values.token_offset());
+  out.set_positions(values.positions());
+  const size_t n = shape.slab_numel();
+  const float largest = fp8 == DType::kE4M3 ? 448.0f : 57344.0f;
+  // Largest finite magnitude of every scale group (a (layer, K/V) or a slab).
+  const uint64_t per_group = granularity == Fp8Scales::Granularity::kTensor ? shape.n_head_kv : 1;
+  std::vector<float> amax(shape.n_slab() / per_group, 0.0f), x(n);
+  ByteBuffer scratch;
+  auto read = [&](uint64_t s) {
+    const float mul = values.fp8_scales().ForSlab(shape, s);
+    ConvertToF32(values.dtype(), values.ReadSlab(s, scratch), x.data(), n);
+    if (mul != 1.0f) for (float& v : x) v *= mul;
+  };
+  Fp8Scales scales;
+  scales.granularity = granularity;
+  if (granularity != Fp8Scales::Granularity::kNone) {
+    for (uint64_t s = 0; s < shape.n_slab(); ++s) {
+      read(s);
+      float& m = amax[s / per_group];
+      for (float v : x) {
+        const float a = std::fabs(v);
+        if (std::isfinite(a) && a > m) m = a;
+      }
+    }
+    for (float m : amax) scales.scale.push_back(m > 0 ? std::max(m / largest, FLT_MIN) : 1.0f);
+  }
+  for (uint64_t s = 0; s < shape.n_slab(); ++s) {
+    read(s);
+    ConvertToFp8Scaled(DType::kF32, x.data(), 1.0f / scales.ForSlab(shape, s), fp8, out.slab_at(s), n);
+  }
+  KV_RETURN_IF_ERROR(out.set_fp8_scales(std::move(scales)));
+  return out;
+}
+
 Result<KvBlock> KvBlock::LayerView(uint32_t layer_begin, uint32_t n_layers) const {
   if (n_layers == 0 || uint64_t{layer_begin} + n_layers > shape_.n_layer) {
     return Status::InvalidArgument("layer range [" + std::to_string(layer_begin) + ", " +
@@ -178,12 +303,14 @@ Result<KvBlock> KvBlock::LayerView(uint32_t layer_begin, uint32_t n_layers) cons
     KV_ASSIGN_OR_RETURN(KvBlock v, PagedView(s, dtype_, std::move(p)));
     v.token_offset_ = token_offset_;
     v.positions_ = positions_;
+    v.scales_ = scales_.Layers(shape_, layer_begin, n_layers);
     return v;
   }
   const uint8_t* base = slab(layer_begin, KvPart::kKey, 0);
   KV_ASSIGN_OR_RETURN(KvBlock v, View(s, dtype_, const_cast<uint8_t*>(base), slab_stride()));
   v.token_offset_ = token_offset_;
   v.positions_ = positions_;
+  v.scales_ = scales_.Layers(shape_, layer_begin, n_layers);
   return v;
 }
 
@@ -199,6 +326,7 @@ Status KvBlock::Reset(const KvShape& shape, DType dtype) {
     return Status::Ok();
   }
   positions_.clear();
+  scales_ = Fp8Scales{};
   shape_ = shape;
   dtype_ = dtype;
   data_.resize(shape.numel() * DTypeSize(dtype));
@@ -218,13 +346,14 @@ float KvBlock::Get(uint32_t layer, KvPart part, uint32_t head, uint32_t token, u
     case DType::kF32: { float f; std::memcpy(&f, s + 4 * i, 4); return f; }
     case DType::kF16: { uint16_t h; std::memcpy(&h, s + 2 * i, 2); return HalfToFloat(h); }
     case DType::kBF16: { uint16_t h; std::memcpy(&h, s + 2 * i, 2); return BFloat16ToFloat(h); }
-    case DType::kE4M3: return E4M3ToFloat(s[i]);
-    case DType::kE5M2: return E5M2ToFloat(s[i]);
+    case DType::kE4M3: return E4M3ToFloat(s[i]) * scales_.ForSlab(shape_, shape_.slab_index(layer, part, head));
+    case DType::kE5M2: return E5M2ToFloat(s[i]) * scales_.ForSlab(shape_, shape_.slab_index(layer, part, head));
   }
   return 0;
 }
 
 void KvBlock::Set(uint32_t layer, KvPart part, uint32_t head, uint32_t token, uint32_t d, float v) {
+  if (!scales_.empty()) v /= scales_.ForSlab(shape_, shape_.slab_index(layer, part, head));
   if (pages_) {
     ConvertFromF32(dtype_, &v, PagedRow(shape_.slab_index(layer, part, head), token) + DTypeSize(dtype_) * d, 1);
     return;
@@ -238,6 +367,7 @@ Result<KvBlock> KvBlock::ConvertTo(DType dtype) const {
   KV_RETURN_IF_ERROR(out.Reset(shape_, dtype));
   out.token_offset_ = token_offset_;
   out.positions_ = positions_;
+  if (dtype == dtype_) out.scales_ = scales_;
   if (dtype == dtype_ && is_dense()) {
     std::memcpy(out.data(), data(), bytes());
     return out;
@@ -247,7 +377,10 @@ Result<KvBlock> KvBlock::ConvertTo(DType dtype) const {
   ByteBuffer scratch;
   for (uint64_t s = 0; s < shape_.n_slab(); ++s) {
     const uint8_t* src = ReadSlab(s, scratch);
-    if (dtype == dtype_) {
+    if (dtype != dtype_ && !scales_.empty()) {
+      // Values, not codes: each code times its slab's scale.
+      ConvertFromFp8Scaled(dtype_, src, scales_.ForSlab(shape_, s), dtype, out.slab_at(s), n);
+    } else if (dtype == dtype_) {
       std::memcpy(out.slab_at(s), src, n * DTypeSize(dtype));
     } else if (dtype_ == DType::kF32) {
       ConvertFromF32(dtype, reinterpret_cast<const float*>(src), out.slab_at(s), n);
@@ -271,6 +404,7 @@ Result<KvBlock> KvBlock::SliceTokens(uint32_t begin, uint32_t count) const {
   KvBlock out;
   KV_RETURN_IF_ERROR(out.Reset(s, dtype_));
   out.token_offset_ = token_offset_ + begin;
+  out.scales_ = scales_;
   if (!positions_.empty()) out.positions_.assign(positions_.begin() + begin, positions_.begin() + begin + count);
   const size_t row = size_t{shape_.head_dim} * DTypeSize(dtype_);
   ByteBuffer scratch;
@@ -300,6 +434,10 @@ Result<KvBlock> JoinChunks(const std::vector<KvBlock>& chunks) {
         c.dtype() != chunks[0].dtype()) {
       return Status::InvalidArgument("chunk shape " + cs.ToString() + " does not match " + chunks[0].shape().ToString());
     }
+    if (!(c.fp8_scales() == chunks[0].fp8_scales())) {
+      return Status::InvalidArgument("chunk at token_offset=" + std::to_string(c.token_offset()) +
+                                     " has other FP8 scales than the first chunk");
+    }
     if (c.token_offset() != chunks[0].token_offset() + s.n_token) {
       return Status::InvalidArgument("chunk at token_offset=" + std::to_string(c.token_offset()) +
                                      " is out of order (expected " +
@@ -309,6 +447,7 @@ Result<KvBlock> JoinChunks(const std::vector<KvBlock>& chunks) {
   }
   KvBlock out;
   KV_RETURN_IF_ERROR(out.Reset(s, chunks[0].dtype()));
+  KV_RETURN_IF_ERROR(out.set_fp8_scales(chunks[0].fp8_scales()));
   out.set_token_offset(chunks[0].token_offset());
   const size_t row = size_t{s.head_dim} * DTypeSize(out.dtype());
   size_t t0 = 0;

@@ -58,6 +58,17 @@ void SynthValueSlab(Rng& rng, uint32_t n_token, uint32_t D, float* out) {
 }  // namespace
 
 Result<KvBlock> SynthesizeKv(const KvShape& shape, const SynthOptions& opts) {
+  if (opts.fp8_scale != Fp8Scales::Granularity::kNone) {
+    if (!IsFp8(opts.dtype)) {
+      return Status::InvalidArgument(std::string("FP8 scales per ") + Fp8GranularityName(opts.fp8_scale) + " need an FP8 dtype, not " +
+                                     DTypeName(opts.dtype));
+    }
+    SynthOptions values = opts;
+    values.dtype = DType::kF32;
+    values.fp8_scale = Fp8Scales::Granularity::kNone;
+    KV_ASSIGN_OR_RETURN(KvBlock v, SynthesizeKv(shape, values));
+    return ToScaledFp8(v, opts.dtype, opts.fp8_scale);
+  }
   KvBlock block;
   KV_RETURN_IF_ERROR(block.Reset(shape, opts.dtype));
   const uint32_t D = shape.head_dim, n_pair = D / 2;

@@ -20,7 +20,8 @@ constexpr size_t kMaxCandidates = 200000;
 constexpr int kMaxAllValues = 64;  // "all" on an integer range wider than this is refused
 
 // The space of `kvserve profile run` when no --space is given: uniform quantisation over bits,
-// axes and coders, token selection, head-wise mixed precision and rotation; ~200 strategies.
+// axes and coders, token selection, head-wise mixed precision, rotation, FP8 (the format engines
+// already trust) and the lossless float coder; ~200 strategies.
 constexpr const char* kDefaultSpace = R"({
   "version": 1,
   "templates": [
@@ -38,7 +39,13 @@ constexpr const char* kDefaultSpace = R"({
     {"name": "rotate", "stages": [
       {"stage": "rotate"},
       {"stage": "quant", "params": {"kbits": [2, 3, 4], "vbits": [2, 3, 4]}},
-      {"stage": "rans"}]}
+      {"stage": "rans"}]},
+    {"name": "fp8", "stages": [
+      {"stage": "fp8", "params": {"format": "all"}},
+      {"one_of": [{"stage": "rans"}, {"stage": "zstd"}], "optional": true}]},
+    {"name": "lossless", "stages": [
+      {"stage": "fpsplit"},
+      {"one_of": [{"stage": "rans"}, {"stage": "zstd"}]}]}
   ]
 })";
 

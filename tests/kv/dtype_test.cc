@@ -197,6 +197,30 @@ TEST_P(DTypeTiers, ScaledFp8ConversionsEqualTheirComposition) {
   }
 }
 
+// Long runs under one scale decode by table lookup on the widest tier: every code, in a run long
+// enough for it, at scales whose sign does and does not carry over, equals the reference product.
+TEST_P(DTypeTiers, LongScaledFp8RunsEqualTheReferenceProduct) {
+  std::vector<uint8_t> codes(8192 + 40);  // every code 32 times, shuffled, and a tail
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t((i * 167 + i / 256) & 0xff);
+  for (DType dt : {DType::kE4M3, DType::kE5M2}) {
+    for (float mul : {1.0f, 0.37f, 3e-5f, 7000.0f, -2.0f, 0.0f}) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " x " + std::to_string(mul));
+      std::vector<uint16_t> got(codes.size());
+      ConvertFromFp8Scaled(dt, codes.data(), mul, DType::kF16, got.data(), codes.size());
+      size_t wrong = 0;
+      for (size_t i = 0; i < codes.size() && wrong < 5; ++i) {
+        const float ref = scalar::Fp8ToFloatReference(dt, codes[i]) * mul;
+        const bool ok = std::isnan(ref) ? std::isnan(HalfToFloat(got[i])) : got[i] == FloatToHalf(ref);
+        if (!ok) {
+          ++wrong;
+          ADD_FAILURE() << "code 0x" << std::hex << int(codes[i]) << " at " << std::dec << i << ": got 0x" << std::hex
+                        << got[i] << ", reference 0x" << FloatToHalf(ref);
+        }
+      }
+    }
+  }
+}
+
 TEST(DType, ParseNames) {
   EXPECT_EQ(ParseDType("f16").value(), DType::kF16);
   EXPECT_EQ(ParseDType("bf16").value(), DType::kBF16);

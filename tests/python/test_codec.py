@@ -105,6 +105,37 @@ def test_fp8_arrays_round_trip_losslessly():
         kvserve.encode(codes, "none", dtype="e5m2")
 
 
+def test_fp8_scales_ride_the_frame_and_decoders_convert_to_their_own():
+    # vLLM's FP8 cache: uint8 codes plus k_scale/v_scale per layer (value = code * scale).
+    values = kv_array(n_layer=3, dtype=np.float32)
+    n_layer = values.shape[0]
+    unit = (values.astype(np.float16).view(np.uint16) >> 8).astype(np.uint8)  # valid E4M3 codes ...
+    unit[(unit & 0x7F) == 0x7F] -= 1  # ... but NaN
+    scales = np.array([[0.5, 2.0]] * n_layer, dtype=np.float32)  # the codes stand for codes * scale
+    for spec in ["none", "fpsplit(dtype=e4m3)|rans", "fp8|rans"]:
+        frame = kvserve.encode(unit, spec, dtype="e4m3", scales=scales)
+        np.testing.assert_array_equal(kvserve.frame_info(frame)["fp8_scales"], scales)
+        codes = kvserve.decode(frame)  # the frame's codes; their scales in frame_info
+        assert codes.dtype == np.uint8
+        as_f32 = kvserve.decode(frame, out=np.zeros(values.shape, np.float32))  # a float destination: values
+        ref = kvserve.decode(kvserve.encode(codes, "none", dtype="e4m3"), out=np.zeros(values.shape, np.float32))
+        np.testing.assert_allclose(as_f32, ref * scales[:, :, None, None, None], rtol=0.07, atol=0.02)
+        # An engine whose scales are the frame's gets the codes untouched.
+        same = kvserve.decode(frame, out=np.zeros_like(codes), dtype="e4m3", scales=scales)
+        np.testing.assert_array_equal(same, codes)
+        # One whose scales are twice as large gets codes of half the value.
+        twice = kvserve.decode(frame, out=np.zeros_like(codes), dtype="e4m3", scales=scales * 2)
+        halved = kvserve.decode(kvserve.encode(twice, "none", dtype="e4m3", scales=scales * 2),
+                                out=np.zeros(values.shape, np.float32))
+        np.testing.assert_allclose(halved, as_f32, rtol=0.07, atol=0.02)
+    per_head = np.ones((n_layer, 2, values.shape[2]), np.float32)
+    assert kvserve.frame_info(kvserve.encode(unit, "none", dtype="e4m3", scales=per_head))["fp8_scales"].shape == per_head.shape
+    with pytest.raises(kvserve.InvalidArgument, match="scales hold 5 values"):
+        kvserve.encode(unit, "none", dtype="e4m3", scales=np.ones(5, np.float32))
+    with pytest.raises(kvserve.InvalidArgument, match="only e4m3 and e5m2"):
+        kvserve.encode(values, "none", scales=scales)
+
+
 def test_a_vllm_paged_cache_round_trips_in_place():
     # vLLM's layout: per layer (2, num_blocks, block_size, n_head_kv, head_dim), a block table.
     kv = kv_array(n_layer=3, n_token=45)  # (3, 2, H, T, D): the last page partly used

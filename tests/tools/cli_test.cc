@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kvserve/frame.h"
 #include "tools/cli_test_util.h"
 
 namespace {
@@ -171,6 +172,19 @@ TEST_F(CliTest, ModelCommands) {
   CliRun c = Cli("kv capture -m stories260K --prompt 'Once upon a time' -o " + P("p.kvf"));
   ASSERT_EQ(c.code, 0) << c.out;
   EXPECT_NE(c.out.find("5x4x5x8 f16"), std::string::npos) << c.out;
+  // An engine's FP8 cache: codes with a scale per layer and K/V, kept in the file.
+  CliRun c8 = Cli("kv capture -m stories260K --prompt 'Once upon a time' --dtype e4m3 --fp8-scale tensor -o " + P("p8.kvf"));
+  ASSERT_EQ(c8.code, 0) << c8.out;
+  EXPECT_NE(c8.out.find("e4m3 scaled per tensor"), std::string::npos) << c8.out;
+  EXPECT_EQ(kvserve::ReadKvFile(P("p8.kvf")).value().fp8_scales().scale.size(), 10u);
+  CliRun s8 = Cli("kv synth --shape stories260k --tokens 32 --dtype e5m2 --fp8-scale head -o " + P("s8.kvf"));
+  ASSERT_EQ(s8.code, 0) << s8.out;
+  EXPECT_EQ(kvserve::ReadKvFile(P("s8.kvf")).value().fp8_scales().scale.size(), 40u);
+  CliRun bad8 = Cli("kv synth --dtype f16 --fp8-scale head -o " + P("x8.kvf"));
+  EXPECT_EQ(bad8.code, 1);
+  EXPECT_NE(bad8.out.find("need an FP8 dtype"), std::string::npos) << bad8.out;
+  CliRun badg = Cli("kv synth --dtype e4m3 --fp8-scale channel -o " + P("x8.kvf"));
+  EXPECT_NE(badg.out.find("'channel' is not none, tensor or head"), std::string::npos) << badg.out;
   CliRun bad = Cli("eval -m nosuch -s none");
   EXPECT_EQ(bad.code, 1);
   EXPECT_EQ(Lines(bad.out), 1) << bad.out;
