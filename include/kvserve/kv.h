@@ -184,6 +184,10 @@ class KvBlock {
   void WroteSlab(uint64_t slab_index, const uint8_t* written);
   // Token `token`'s [head_dim] row of slab `slab_index`, in any layout.
   const uint8_t* TokenRow(uint64_t slab_index, uint32_t token) const;
+  // The addresses of all n_token rows of slab `slab_index`, in any layout (a paged view's walked
+  // page by page). Code that reads or writes a paged slab a block of rows at a time takes them
+  // instead of ReadSlab's whole-slab gather, so its memory traffic overlaps its arithmetic.
+  void SlabRows(uint64_t slab_index, std::vector<uint8_t*>* rows) const;
 
   float* f32() { return reinterpret_cast<float*>(data()); }
   const float* f32() const { return reinterpret_cast<const float*>(data()); }
@@ -214,6 +218,13 @@ class KvBlock {
   std::shared_ptr<const KvPages> pages_;  // a paged view: the engine's pages
   // Address of token `token`'s row of slab `slab_index` in a paged view.
   uint8_t* PagedRow(uint64_t slab_index, uint32_t token) const;
+  // Where a paged slab's rows lie: row r of page id P at base + P * page_bytes + r * row_stride.
+  // Walking pages with it costs no division per row (PagedRow's five did cost more than the copy).
+  struct PagedSlab {
+    uint8_t* base;
+    uint64_t row_stride, page_bytes;
+  };
+  PagedSlab PagedSlabOf(uint64_t slab_index) const;
 };
 
 // Values to an FP8 cache as engines make one: each (layer, K/V) (kTensor) or (layer, K/V, head)
@@ -243,6 +254,11 @@ uint16_t FloatToBFloat16(float f);   // round to nearest even, NaN kept quiet
 // fused in one pass (no float buffer) for f16, the common case.
 void ConvertToFp8Scaled(DType src_dtype, const void* src, float mul, DType fp8, uint8_t* dst, size_t n);
 void ConvertFromFp8Scaled(DType fp8, const uint8_t* src, float mul, DType dst_dtype, void* dst, size_t n);
+// ConvertFromFp8Scaled of n_rows rows of row_len values, src contiguous, row r written to
+// dst_rows[r] (a paged cache's rows): prepared once for all rows, so long runs' table lookup
+// applies however short each row is.
+void ConvertFromFp8ScaledRows(DType fp8, const uint8_t* src, float mul, DType dst_dtype, uint8_t* const* dst_rows,
+                              size_t n_rows, size_t row_len);
 bool IsFp8(DType dtype);
 float E4M3ToFloat(uint8_t b);
 uint8_t FloatToE4M3(float f);        // round to nearest even, saturating (see DType)

@@ -41,12 +41,14 @@ struct PartLayout {
   }
 };
 
-Status EncodeSlab(const uint8_t* src, DType dt, const PartLayout& p, uint8_t* dst, quant::BlockScratch& s) {
-  const size_t es = DTypeSize(dt), D = p.head_dim;
+Status EncodeSlab(RowBlocks& in, DType dt, const PartLayout& p, uint8_t* dst, quant::BlockScratch& s) {
+  const size_t D = p.head_dim;
+  const uint32_t n_token = p.n_quant + p.residual;
   for (uint32_t t0 = 0; t0 < p.n_quant; t0 += p.block_tokens()) {
     const uint32_t bt = std::min(p.block_tokens(), p.n_quant - t0);
     const size_t m = p.meta_count(bt);
-    const size_t bad = quant::EncodeBlock(src + t0 * D * es, dt, bt, D, p.kernel_group(), p.bits, dst, s);
+    const uint8_t* src = in.Read(t0, bt, std::min(p.block_tokens(), n_token - t0 - bt));
+    const size_t bad = quant::EncodeBlock(src, dt, bt, D, p.kernel_group(), p.bits, dst, s);
     if (bad < m) {
       return Status::InvalidArgument("value range [" + std::to_string(s.mn[bad]) + ", " + std::to_string(s.mx[bad]) +
                                      "] of a group does not fit fp16 quantisation metadata");
@@ -55,7 +57,7 @@ Status EncodeSlab(const uint8_t* src, DType dt, const PartLayout& p, uint8_t* ds
   }
   const size_t nr = size_t{p.residual} * D;
   if (nr > 0) {
-    const uint8_t* r = src + size_t{p.n_quant} * D * es;
+    const uint8_t* r = in.Read(p.n_quant, p.residual, 0);
     if (dt == DType::kF16) {
       std::memcpy(dst, r, nr * 2);
     } else {
@@ -67,17 +69,18 @@ Status EncodeSlab(const uint8_t* src, DType dt, const PartLayout& p, uint8_t* ds
   return Status::Ok();
 }
 
-void DecodeSlab(const uint8_t* src, const PartLayout& p, DType dt, uint8_t* dst, quant::BlockScratch& s) {
-  const size_t es = DTypeSize(dt), D = p.head_dim;
+void DecodeSlab(const uint8_t* src, const PartLayout& p, DType dt, RowBlocks& out, quant::BlockScratch& s) {
+  const size_t D = p.head_dim;
   for (uint32_t t0 = 0; t0 < p.n_quant; t0 += p.block_tokens()) {
     const uint32_t bt = std::min(p.block_tokens(), p.n_quant - t0);
-    quant::DecodeBlock(src, bt, D, p.kernel_group(), p.bits, dt, dst + t0 * D * es, s);
+    quant::DecodeBlock(src, bt, D, p.kernel_group(), p.bits, dt, out.Write(t0, bt), s);
+    out.Wrote(t0, bt);
     src += p.block_bytes(bt);
   }
   quant::StreamFence();
   const size_t nr = size_t{p.residual} * D;
   if (nr > 0) {
-    uint8_t* r = dst + size_t{p.n_quant} * D * es;
+    uint8_t* r = out.Write(p.n_quant, p.residual);
     if (dt == DType::kF16) {
       std::memcpy(r, src, nr * 2);
     } else {
@@ -85,6 +88,7 @@ void DecodeSlab(const uint8_t* src, const PartLayout& p, DType dt, uint8_t* dst,
       ConvertToF32(DType::kF16, src, s.x.data(), nr);
       ConvertFromF32(dt, s.x.data(), r, nr);
     }
+    out.Wrote(p.n_quant, p.residual);
   }
 }
 
@@ -148,8 +152,10 @@ class QuantStage final : public Stage {
     std::vector<Status> errors(shape.n_slab());
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
       thread_local quant::BlockScratch scratch;
-      thread_local ByteBuffer gathered;
-      errors[i] = EncodeSlab(t.ReadSlab(i, gathered), t.dtype(), SlabLayout(i, shape), body + off[i], scratch);
+      thread_local std::vector<uint8_t*> rows;
+      thread_local ByteBuffer buf;
+      RowBlocks in(t, i, rows, buf);
+      errors[i] = EncodeSlab(in, t.dtype(), SlabLayout(i, shape), body + off[i], scratch);
     });
     for (uint64_t i = 0; i < errors.size(); ++i) {
       if (!errors[i].ok()) {
@@ -208,10 +214,11 @@ class QuantStage final : public Stage {
     const uint8_t* body = hdr + kPayloadHeader;
     ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
       thread_local quant::BlockScratch scratch;
-      thread_local ByteBuffer gathered;
-      uint8_t* dst = t.SlabToWrite(i, gathered);
-      DecodeSlab(body + off[i], SlabLayout(i, shape), t.dtype(), dst, scratch);
-      t.WroteSlab(i, dst);
+      thread_local std::vector<uint8_t*> rows;
+      thread_local ByteBuffer buf;
+      RowBlocks out(t, i, rows, buf);
+      DecodeSlab(body + off[i], SlabLayout(i, shape), t.dtype(), out, scratch);
+      out.Fence();
     });
     return Status::Ok();
   }

@@ -4,6 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 #include <functional>
 #include <memory>
 #include <span>
@@ -45,6 +49,68 @@ struct StageContext {
   // layers): stages whose randomness is keyed by slab (rotation signs) key it by this plus the
   // local index, so a layer sent alone codes exactly as it does within the whole request.
   uint64_t first_slab = 0;
+};
+
+// A slab read or written a block of rows at a time, whatever the layout: a dense slab's blocks
+// are its own memory; a paged slab's rows are gathered into (or scattered from) a buffer the size
+// of one block, which stays in L1, and the next block's rows are prefetched meanwhile — so the
+// page walk overlaps the codec's arithmetic instead of preceding it as a whole-slab pass
+// (KvBlock::ReadSlab), which on paged caches cost as much again as the codec itself.
+class RowBlocks {
+ public:
+  // `rows` and `buf` are the caller's (thread-local) storage, reused across slabs.
+  RowBlocks(const KvBlock& t, uint64_t slab, std::vector<uint8_t*>& rows, ByteBuffer& buf)
+      : rows_(&rows), buf_(&buf), row_bytes_(size_t{t.shape().head_dim} * DTypeSize(t.dtype())) {
+    if (t.is_paged()) t.SlabRows(slab, &rows);
+    else dense_ = const_cast<uint8_t*>(t.slab_at(slab));
+  }
+  // Rows [t0, t0 + n), contiguous; the `ahead` rows after them are prefetched.
+  const uint8_t* Read(uint32_t t0, uint32_t n, uint32_t ahead) {
+    if (dense_) return dense_ + t0 * row_bytes_;
+    const std::vector<uint8_t*>& r = *rows_;
+    for (uint32_t i = t0 + n; i < t0 + n + ahead; ++i)
+      for (size_t b = 0; b < row_bytes_; b += 64) __builtin_prefetch(r[i] + b);
+    buf_->resize(size_t{n} * row_bytes_);
+    for (uint32_t i = 0; i < n; ++i) std::memcpy(buf_->data() + i * row_bytes_, r[t0 + i], row_bytes_);
+    return buf_->data();
+  }
+  // Where to write rows [t0, t0 + n); Wrote(t0, n) then stores them to their rows.
+  uint8_t* Write(uint32_t t0, uint32_t n) {
+    if (dense_) return dense_ + t0 * row_bytes_;
+    buf_->resize(size_t{n} * row_bytes_);
+    return buf_->data();
+  }
+  // Decoded rows are not read back soon: where rows are 16-byte multiples at 16-byte aligned
+  // addresses (an engine's cache), non-temporal stores skip reading each line first, which on a
+  // page row's stride is most of a store's cost. Fence() once after the slab's last block.
+  void Wrote(uint32_t t0, uint32_t n) {
+    if (dense_) return;
+    const std::vector<uint8_t*>& r = *rows_;
+#ifdef __SSE2__
+    if (row_bytes_ % 16 == 0 && (reinterpret_cast<uintptr_t>(r[t0]) | reinterpret_cast<uintptr_t>(buf_->data())) % 16 == 0) {
+      for (uint32_t i = 0; i < n; ++i) {
+        __m128i* dst = reinterpret_cast<__m128i*>(r[t0 + i]);
+        const __m128i* src = reinterpret_cast<const __m128i*>(buf_->data() + i * row_bytes_);
+        for (size_t k = 0; k < row_bytes_ / 16; ++k) _mm_stream_si128(dst + k, _mm_load_si128(src + k));
+      }
+      streamed_ = true;
+      return;
+    }
+#endif
+    for (uint32_t i = 0; i < n; ++i) std::memcpy(r[t0 + i], buf_->data() + i * row_bytes_, row_bytes_);
+  }
+  void Fence() {
+#ifdef __SSE2__
+    if (streamed_) _mm_sfence();
+#endif
+  }
+
+ private:
+  uint8_t* dense_ = nullptr;
+  std::vector<uint8_t*>* rows_;
+  ByteBuffer* buf_;
+  size_t row_bytes_;
+  bool streamed_ = false;
 };
 
 // Exactly one of tensor / bytes is set, by the kind the stage declares.

@@ -394,13 +394,59 @@ struct Fp8Avx512 {
   }
   static size_t FromHalfScaled(const uint16_t* src, float mul, uint8_t* dst, size_t n) {
     const __m512 m = _mm512_set1_ps(mul);
+    uint32_t mb;
+    std::memcpy(&mb, &mul, 4);
     size_t i = 0;
+    // A power-of-two multiplier (the fp8 stage picks such scales) takes the 16-bit lane path.
+    if ((mb & 0x807fffffu) == 0 && (mb >> 23) != 0 && (mb >> 23) != 255) i = FromHalfPow2(src, int(mb >> 23) - 127, m, dst, n);
     for (; i + 16 <= n; i += 16) {
       const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))), m);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), Encode(v));
     }
     return i;
   }
+  // f16 times 2^j on 16-bit lanes, 32 values a step: the product's exponent is the f16 one moved
+  // by j, so its code is the f16 bits rebiased and rounded to M mantissa bits (to nearest even,
+  // the carry running into the exponent), saturating — the float path's result, at a quarter of
+  // its instructions per value. A step with a lane this does not cover (an f16 subnormal,
+  // infinity or NaN, or a product in the FP8 subnormal range) goes through the float path
+  // (`m` = 2^j) instead. Returns how many values it did (all whole steps).
+  static size_t FromHalfPow2(const uint16_t* src, int j, __m512 m, uint8_t* dst, size_t n) {
+    constexpr int kShift = 10 - M;
+    const int delta = j + F::kBias - 15;  // from an f16 exponent field to the FP8 one
+    // Beyond these every value saturates or is subnormal: the float path's business.
+    if (delta < -29 || delta > 29) return 0;
+    // Lanes done here: |h| in [lo, 0x7bff] (a normal f16 whose product is a normal FP8 or more),
+    // and zeros. Exponents past 31 are capped (their codes saturate whatever the mantissa).
+    const uint16_t lo = uint16_t(std::max(1, 1 - delta) << 10);
+    const uint16_t cap = uint16_t(std::min(0x7bff, ((31 - delta) << 10) | 0x3ff));
+    const __m512i lo_v = _mm512_set1_epi16(int16_t(lo)), span = _mm512_set1_epi16(int16_t(0x7bff - lo));
+    const __m512i cap_v = _mm512_set1_epi16(int16_t(cap)), rebias = _mm512_set1_epi16(int16_t(uint16_t(delta << 10)));
+    const __m512i abs_mask = _mm512_set1_epi16(0x7fff), one = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+    const __m512i round = _mm512_set1_epi16((1 << (kShift - 1)) - 1), max_code = _mm512_set1_epi16(int16_t(F::kMaxCode));
+    const __m512i sign_bit = _mm512_set1_epi16(0x80);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m512i h = _mm512_loadu_si512(src + i);
+      const __m512i a = _mm512_and_si512(h, abs_mask);
+      const __mmask32 is_zero = _mm512_cmpeq_epi16_mask(a, zero);
+      const __mmask32 fast = _mm512_cmple_epu16_mask(_mm512_sub_epi16(a, lo_v), span);
+      if ((is_zero | fast) != 0xffffffffu) {
+        for (size_t k = i; k < i + 32; k += 16) {
+          const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k))), m);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), Encode(v));
+        }
+        continue;
+      }
+      const __m512i x = _mm512_add_epi16(_mm512_min_epu16(a, cap_v), rebias);
+      const __m512i r = _mm512_add_epi16(x, _mm512_add_epi16(round, _mm512_and_si512(_mm512_srli_epi16(x, kShift), one)));
+      __m512i code = _mm512_maskz_mov_epi16(~is_zero, _mm512_min_epu16(_mm512_srli_epi16(r, kShift), max_code));
+      code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(h, 8), sign_bit, 0xf8);  // code | (h >> 8 & 0x80)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi16_epi8(code));
+    }
+    return i;
+  }
+
   static size_t ToHalfScaled(const uint8_t* src, float mul, uint16_t* dst, size_t n) {
     const __m512 m = _mm512_set1_ps(mul);
     size_t i = 0;
@@ -419,7 +465,11 @@ struct Fp8Avx512 {
   // value. A table where the sign does not simply carry over (a negative or NaN-making scale) is
   // left to the arithmetic: returns 0.
   static constexpr size_t kTableMin = 2048;
-  static size_t ToHalfByTable(const uint8_t* src, __m512 m, uint16_t* dst, size_t n) {
+  struct HalfTable {
+    __m512i t0, t1, t2, t3;
+  };
+  // False when the sign does not simply carry over (a negative or NaN-making scale).
+  static bool BuildHalfTable(__m512 m, HalfTable* t) {
     alignas(64) uint8_t codes[256];
     alignas(64) uint16_t table[256];
     for (int c = 0; c < 256; ++c) codes[c] = uint8_t(c);
@@ -428,21 +478,46 @@ struct Fp8Avx512 {
       _mm256_store_si256(reinterpret_cast<__m256i*>(table + c), h);
     }
     for (int c = 0; c < 128; ++c) {
-      if (table[c | 0x80] != (table[c] | 0x8000)) return 0;
+      if (table[c | 0x80] != (table[c] | 0x8000)) return false;
     }
-    const __m512i t0 = _mm512_load_si512(table), t1 = _mm512_load_si512(table + 32);
-    const __m512i t2 = _mm512_load_si512(table + 64), t3 = _mm512_load_si512(table + 96);
+    t->t0 = _mm512_load_si512(table), t->t1 = _mm512_load_si512(table + 32);
+    t->t2 = _mm512_load_si512(table + 64), t->t3 = _mm512_load_si512(table + 96);
+    return true;
+  }
+  // Looks up n (a multiple of 32, or fewer done) codes; returns how many. kStream: non-temporal
+  // stores to a 64-byte aligned dst (rows on a page row's stride, where a store's line read costs
+  // most; a dense run keeps plain stores, which measured faster there).
+  template <bool kStream = false>
+  static size_t LookUpHalf(const HalfTable& t, const uint8_t* src, uint16_t* dst, size_t n) {
     const __m512i bit6 = _mm512_set1_epi16(0x40), sign = _mm512_set1_epi16(0x80);
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
       const __m512i idx = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-      const __m512i lo = _mm512_permutex2var_epi16(t0, idx, t1);  // codes 0..63 (bits 0-5 of idx)
-      const __m512i hi = _mm512_permutex2var_epi16(t2, idx, t3);  // codes 64..127
+      const __m512i lo = _mm512_permutex2var_epi16(t.t0, idx, t.t1);  // codes 0..63 (bits 0-5 of idx)
+      const __m512i hi = _mm512_permutex2var_epi16(t.t2, idx, t.t3);  // codes 64..127
       __m512i r = _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(idx, bit6), hi);
       r = _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(idx, sign), 8));
-      _mm512_storeu_si512(dst + i, r);
+      if constexpr (kStream) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), r);
+      else _mm512_storeu_si512(dst + i, r);
     }
     return i;
+  }
+  static size_t ToHalfByTable(const uint8_t* src, __m512 m, uint16_t* dst, size_t n) {
+    HalfTable t;
+    return BuildHalfTable(m, &t) ? LookUpHalf(t, src, dst, n) : 0;
+  }
+  // Rows of row_len values, each to its own address, under one table; false where the table
+  // does not apply (nothing written).
+  static bool ToHalfRowsByTable(const uint8_t* src, float mul, uint8_t* const* rows, size_t n_rows, size_t row_len) {
+    HalfTable t;
+    if (row_len % 32 != 0 || !BuildHalfTable(_mm512_set1_ps(mul), &t)) return false;
+    for (size_t r = 0; r < n_rows; ++r) {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(rows[r]);
+      if (reinterpret_cast<uintptr_t>(dst) % 64 == 0) LookUpHalf<true>(t, src + r * row_len, dst, row_len);
+      else LookUpHalf(t, src + r * row_len, dst, row_len);
+    }
+    _mm_sfence();
+    return true;
   }
 };
 KVSERVE_END_TIER
@@ -513,6 +588,19 @@ void ConvertFromFp8Scaled(DType fp8, const uint8_t* src, float mul, DType dst_dt
   ConvertToF32(fp8, src, buf.data(), n);
   for (size_t i = 0; i < n; ++i) buf[i] *= mul;
   ConvertFromF32(dst_dtype, buf.data(), dst, n);
+}
+
+void ConvertFromFp8ScaledRows(DType fp8, const uint8_t* src, float mul, DType dst_dtype, uint8_t* const* dst_rows,
+                              size_t n_rows, size_t row_len) {
+#ifdef KVSERVE_HAVE_AVX512_REGION
+  if (dst_dtype == DType::kF16 && HaveF16cConversions() && cpu::Use(cpu::Tier::kAvx512) &&
+      n_rows * row_len >= Fp8Avx512<E4M3>::kTableMin) {
+    const bool done = fp8 == DType::kE4M3 ? Fp8Avx512<E4M3>::ToHalfRowsByTable(src, mul, dst_rows, n_rows, row_len)
+                                          : Fp8Avx512<E5M2>::ToHalfRowsByTable(src, mul, dst_rows, n_rows, row_len);
+    if (done) return;
+  }
+#endif
+  for (size_t r = 0; r < n_rows; ++r) ConvertFromFp8Scaled(fp8, src + r * row_len, mul, dst_dtype, dst_rows[r], row_len);
 }
 
 float E4M3ToFloat(uint8_t b) { return E4M3::ToFloat(b); }

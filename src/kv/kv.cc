@@ -117,19 +117,52 @@ const uint8_t* KvBlock::TokenRow(uint64_t slab_index, uint32_t token) const {
   return slab_at(slab_index) + size_t{token} * shape_.head_dim * DTypeSize(dtype_);
 }
 
+KvBlock::PagedSlab KvBlock::PagedSlabOf(uint64_t slab_index) const {
+  const KvPages& p = *pages_;
+  const uint64_t H = shape_.n_head_kv, head = slab_index % H, part = (slab_index / H) % 2, layer = slab_index / (2 * H);
+  const uint64_t es = DTypeSize(dtype_), row_stride = H * shape_.head_dim * es;
+  return {p.layer_base[layer] + (part * p.part_stride + head * shape_.head_dim) * es, row_stride,
+          uint64_t{p.block_size} * row_stride};
+}
+
+void KvBlock::SlabRows(uint64_t slab_index, std::vector<uint8_t*>* rows) const {
+  const uint32_t n = shape_.n_token;
+  rows->resize(n);
+  if (!pages_) {
+    uint8_t* base = const_cast<KvBlock*>(this)->slab_at(slab_index);
+    const size_t row = size_t{shape_.head_dim} * DTypeSize(dtype_);
+    for (uint32_t t = 0; t < n; ++t) (*rows)[t] = base + t * row;
+    return;
+  }
+  const uint32_t bs = pages_->block_size;
+  const PagedSlab ps = PagedSlabOf(slab_index);
+  for (uint32_t t0 = 0, pi = 0; t0 < n; t0 += bs, ++pi) {
+    uint8_t* page = ps.base + pages_->block_table[pi] * ps.page_bytes;
+    for (uint32_t r = 0; r < std::min(bs, n - t0); ++r) (*rows)[t0 + r] = page + r * ps.row_stride;
+  }
+}
+
 const uint8_t* KvBlock::ReadSlab(uint64_t slab_index, ByteBuffer& scratch) const {
   if (!pages_) return slab_at(slab_index);
   const size_t row = size_t{shape_.head_dim} * DTypeSize(dtype_);
-  scratch.resize(size_t(shape_.n_token) * row);
-  // Rows are a page row's stride apart (n_head_kv rows of this size): too far for the hardware
-  // prefetchers to follow, so the rows a few tokens ahead are fetched by hand.
-  constexpr uint32_t kAhead = 16;
-  for (uint32_t t = 0; t < shape_.n_token; ++t) {
-    if (t + kAhead < shape_.n_token) {
-      const uint8_t* next = PagedRow(slab_index, t + kAhead);
-      for (size_t b = 0; b < row; b += 64) __builtin_prefetch(next + b);
+  const uint32_t n = shape_.n_token, bs = pages_->block_size;
+  const std::vector<uint32_t>& table = pages_->block_table;
+  const PagedSlab ps = PagedSlabOf(slab_index);
+  scratch.resize(size_t(n) * row);
+  // Rows are a page row's stride apart (n_head_kv rows of this size) and pages anywhere: too far
+  // for the hardware prefetchers to follow, so the next page's rows are fetched by hand while
+  // this page's are copied.
+  uint8_t* out = scratch.data();
+  for (uint32_t t0 = 0, pi = 0; t0 < n; t0 += bs, ++pi) {
+    const uint8_t* page = ps.base + table[pi] * ps.page_bytes;
+    const uint32_t rows = std::min(bs, n - t0);
+    if (t0 + bs < n) {
+      const uint8_t* next = ps.base + table[pi + 1] * ps.page_bytes;
+      const uint32_t next_rows = std::min(bs, n - t0 - bs);
+      for (uint32_t r = 0; r < next_rows; ++r)
+        for (size_t b = 0; b < row; b += 64) __builtin_prefetch(next + r * ps.row_stride + b);
     }
-    std::memcpy(scratch.data() + t * row, PagedRow(slab_index, t), row);
+    for (uint32_t r = 0; r < rows; ++r) std::memcpy(out + size_t(t0 + r) * row, page + r * ps.row_stride, row);
   }
   return scratch.data();
 }
@@ -143,26 +176,35 @@ uint8_t* KvBlock::SlabToWrite(uint64_t slab_index, ByteBuffer& scratch) {
 void KvBlock::WroteSlab(uint64_t slab_index, const uint8_t* written) {
   if (!pages_) return;
   const size_t row = size_t{shape_.head_dim} * DTypeSize(dtype_);
+  const uint32_t n = shape_.n_token, bs = pages_->block_size;
+  const std::vector<uint32_t>& table = pages_->block_table;
+  const PagedSlab ps = PagedSlabOf(slab_index);
 #ifdef __SSE2__
   // Decoded rows are written once and not read back soon: non-temporal stores skip reading each
   // destination line first (what the dense path's streaming stores do), where rows are 16-byte
-  // multiples at 16-byte aligned addresses (an engine's cache is).
-  // Every row of the slab starts a whole number of rows after its part's base, so the rows are
-  // aligned when the row size, that base and the written slab are.
-  const uint64_t H = shape_.n_head_kv, part = (slab_index / H) % 2;
-  const uintptr_t base = reinterpret_cast<uintptr_t>(pages_->layer_base[slab_index / (2 * H)]) +
-                         part * pages_->part_stride * DTypeSize(dtype_);
-  if (row % 16 == 0 && base % 16 == 0 && reinterpret_cast<uintptr_t>(written) % 16 == 0) {
-    for (uint32_t t = 0; t < shape_.n_token; ++t) {
-      __m128i* dst = reinterpret_cast<__m128i*>(PagedRow(slab_index, t));
-      const __m128i* src = reinterpret_cast<const __m128i*>(written + t * row);
-      for (size_t i = 0; i < row / 16; ++i) _mm_stream_si128(dst + i, _mm_load_si128(src + i));
+  // multiples at 16-byte aligned addresses (an engine's cache is). Every row starts a whole
+  // number of rows after the slab's base, so they are aligned when the row size, that base and
+  // the written slab are.
+  if (row % 16 == 0 && reinterpret_cast<uintptr_t>(ps.base) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(written) % 16 == 0) {
+    for (uint32_t t0 = 0, pi = 0; t0 < n; t0 += bs, ++pi) {
+      uint8_t* page = ps.base + table[pi] * ps.page_bytes;
+      const uint32_t rows = std::min(bs, n - t0);
+      for (uint32_t r = 0; r < rows; ++r) {
+        __m128i* dst = reinterpret_cast<__m128i*>(page + r * ps.row_stride);
+        const __m128i* src = reinterpret_cast<const __m128i*>(written + size_t(t0 + r) * row);
+        for (size_t i = 0; i < row / 16; ++i) _mm_stream_si128(dst + i, _mm_load_si128(src + i));
+      }
     }
     _mm_sfence();
     return;
   }
 #endif
-  for (uint32_t t = 0; t < shape_.n_token; ++t) std::memcpy(PagedRow(slab_index, t), written + t * row, row);
+  for (uint32_t t0 = 0, pi = 0; t0 < n; t0 += bs, ++pi) {
+    uint8_t* page = ps.base + table[pi] * ps.page_bytes;
+    const uint32_t rows = std::min(bs, n - t0);
+    for (uint32_t r = 0; r < rows; ++r) std::memcpy(page + r * ps.row_stride, written + size_t(t0 + r) * row, row);
+  }
 }
 
 uint64_t Fp8Scales::Count(Granularity g, const KvShape& shape) {

@@ -174,7 +174,9 @@ TEST_P(DTypeTiers, ScaledFp8ConversionsEqualTheirComposition) {
   std::vector<float> f(65536);
   ConvertToF32(DType::kF16, halves.data(), f.data(), f.size());
   for (DType dt : {DType::kE4M3, DType::kE5M2}) {
-    for (float mul : {1.0f, 0.37f, 1e-3f, 300.0f}) {
+    // Powers of two (the fp8 stage's scales) take their own path: moves into and out of the
+    // subnormal and saturating ranges of both formats.
+    for (float mul : {1.0f, 0.37f, 1e-3f, 300.0f, 0.125f, 32.0f, std::ldexp(1.0f, -20), std::ldexp(1.0f, 12), 2.0f}) {
       SCOPED_TRACE(std::string(DTypeName(dt)) + " x " + std::to_string(mul));
       std::vector<uint8_t> got(f.size()), want(f.size());
       ConvertToFp8Scaled(DType::kF16, halves.data(), mul, dt, got.data(), got.size());
@@ -215,6 +217,31 @@ TEST_P(DTypeTiers, LongScaledFp8RunsEqualTheReferenceProduct) {
           ++wrong;
           ADD_FAILURE() << "code 0x" << std::hex << int(codes[i]) << " at " << std::dec << i << ": got 0x" << std::hex
                         << got[i] << ", reference 0x" << FloatToHalf(ref);
+        }
+      }
+    }
+  }
+}
+
+// Rows written to their own addresses (a paged cache) equal the contiguous conversion, for rows
+// the table takes (a multiple of 32 values) and rows it does not.
+TEST_P(DTypeTiers, ScaledFp8RowsEqualTheContiguousConversion) {
+  for (size_t row_len : {size_t{128}, size_t{40}}) {
+    const size_t n_rows = 64, n = n_rows * row_len;
+    std::vector<uint8_t> codes(n);
+    for (size_t i = 0; i < n; ++i) codes[i] = uint8_t((i * 89 + 7) & 0xff);
+    for (DType dt : {DType::kE4M3, DType::kE5M2}) {
+      for (float mul : {0.37f, -2.0f}) {
+        std::vector<uint16_t> want(n), pages(2 * n, 0xAAAA);
+        ConvertFromFp8Scaled(dt, codes.data(), mul, DType::kF16, want.data(), n);
+        std::vector<uint8_t*> rows(n_rows);
+        for (size_t r = 0; r < n_rows; ++r)  // every other row slot, in reverse order
+          rows[r] = reinterpret_cast<uint8_t*>(pages.data() + (2 * (n_rows - 1 - r)) * row_len);
+        ConvertFromFp8ScaledRows(dt, codes.data(), mul, DType::kF16, rows.data(), n_rows, row_len);
+        for (size_t r = 0; r < n_rows; ++r) {
+          ASSERT_EQ(std::memcmp(rows[r], want.data() + r * row_len, 2 * row_len), 0) << "row " << r << " of " << row_len;
+          const uint16_t* gap = pages.data() + (2 * (n_rows - 1 - r) + 1) * row_len;
+          ASSERT_EQ(gap[0], 0xAAAA) << "a row wrote past its end";
         }
       }
     }
