@@ -300,24 +300,27 @@ class FpSplitStage final : public Stage {
     uint16_t* __restrict dst = reinterpret_cast<uint16_t*>(dst_bytes);
     const uint64_t n = l.n;
     uint8_t* __restrict sym = sc.sym.data();
-    uint8_t* __restrict exp = sc.exp.data();
     uint8_t* __restrict top = sc.top.data();
     quant::UnpackCodes(src + l.symbols(), l.n8, kSymbolBits, sym);
     if (l.top_bits) quant::UnpackCodes(src + l.top(), l.n8, l.top_bits, top);
     else std::memset(top, 0, n);
     const uint8_t* __restrict base = src + l.bases();
     const uint32_t D = l.head_dim;
-    for (uint64_t i = 0; i < n; i += D)
-      for (uint32_t d = 0; d < D; ++d) exp[i + d] = sym[i + d] ? uint8_t(sym[i + d] - 1 + base[d]) : 0;
+    const uint8_t* __restrict low = src + l.low();
+    // The exponent from its symbol and the channel's window, joined with sign and mantissa in one
+    // pass (an escape's symbol 0 leaves the exponent 0; escaped exponents are put in after).
+    for (uint64_t i = 0; i < n; i += D) {
+      for (uint32_t d = 0; d < D; ++d) {
+        const uint32_t s = sym[i + d];
+        const uint32_t e = s ? (s - 1 + base[d]) & emask : 0;
+        const uint32_t rest = uint32_t(low[i + d] | (top[i + d] << 8));
+        dst[i + d] = uint16_t(((rest >> M) << 15) | (e << M) | (rest & mmask));
+      }
+    }
     for (uint64_t k = 0; k < n_esc; ++k) {
       uint32_t idx;
       std::memcpy(&idx, esc + k * kEscapeBytes, 4);
-      exp[idx] = esc[k * kEscapeBytes + 4];
-    }
-    const uint8_t* __restrict low = src + l.low();
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint32_t rest = uint32_t(low[i] | (top[i] << 8));
-      dst[i] = uint16_t(((rest >> M) << 15) | ((exp[i] & emask) << M) | (rest & mmask));
+      dst[idx] = uint16_t((dst[idx] & ~(emask << M)) | ((esc[k * kEscapeBytes + 4] & emask) << M));
     }
   }
 
