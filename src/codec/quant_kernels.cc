@@ -747,8 +747,12 @@ bool PlanesAlign(size_t rows) {
 }
 
 // Out: uint16_t (fp16 destination) or float (the f32 input of a transform stage).
+// `row_out`, when given, is where each row goes instead of dst + r * D (a paged cache's rows): they
+// get non-temporal stores where 64-byte aligned, since such rows are a page row's stride apart and
+// a plain store's line read is most of the cost there.
 template <int kBits, bool kChannel, typename Out>
-void DecodeBlockAvx512(const uint8_t* src, size_t rows, size_t D, size_t group, Out* dst, BlockScratch& s) {
+void DecodeBlockAvx512(const uint8_t* src, size_t rows, size_t D, size_t group, Out* dst, BlockScratch& s,
+                       Out* const* row_out = nullptr) {
   const size_t n = rows * D, m = BlockMetaCount(rows, D, group);
   std::memcpy(s.lo_h.data(), src, m * 2);
   std::memcpy(s.step_h.data(), src + m * 2, m * 2);
@@ -814,13 +818,16 @@ void DecodeBlockAvx512(const uint8_t* src, size_t rows, size_t D, size_t group, 
       return _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes16(c)), st, l);
     };
     auto half16 = [&](size_t c) { return _mm512_cvtps_ph(value16(c), _MM_FROUND_TO_NEAREST_INT); };
-    Out* out = dst + r * D;
+    Out* out = row_out ? row_out[r] : dst + r * D;
     if constexpr (kF32) {
       for (size_t c = 0; c < D; c += 16) _mm512_storeu_ps(out + c, value16(c));
     } else if (D % 32 == 0) {
+      const bool stream = row_out && reinterpret_cast<uintptr_t>(out) % 64 == 0;
       for (size_t c = 0; c < D; c += 32) {  // 64-byte stores
         const __m256i a = half16(c), b = half16(c + 16);
-        _mm512_storeu_si512(out + c, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        if (stream) _mm512_stream_si512(reinterpret_cast<__m512i*>(out + c), v);
+        else _mm512_storeu_si512(out + c, v);
       }
     } else {
       for (size_t c = 0; c < D; c += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), half16(c));
@@ -829,8 +836,15 @@ void DecodeBlockAvx512(const uint8_t* src, size_t rows, size_t D, size_t group, 
 }
 
 template <int kBits>
-bool DecodeBlockFused(const uint8_t* src, size_t rows, size_t D, size_t group, DType dt, void* dst, BlockScratch& s) {
+bool DecodeBlockFused(const uint8_t* src, size_t rows, size_t D, size_t group, DType dt, void* dst, BlockScratch& s,
+                      uint8_t* const* row_out = nullptr) {
   if (!PlanesAlign<kBits>(rows)) return false;
+  if (row_out) {  // fp16 rows only (the caller checked)
+    uint16_t* const* o = reinterpret_cast<uint16_t* const*>(row_out);
+    if (group == 0) DecodeBlockAvx512<kBits, true, uint16_t>(src, rows, D, group, nullptr, s, o);
+    else DecodeBlockAvx512<kBits, false, uint16_t>(src, rows, D, group, nullptr, s, o);
+    return true;
+  }
   if (dt == DType::kF16) {
     uint16_t* o = static_cast<uint16_t*>(dst);
     if (group == 0) DecodeBlockAvx512<kBits, true>(src, rows, D, group, o, s);
@@ -878,6 +892,27 @@ void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group
   }
 #endif
   DecodeBlockComposed(src, rows, n_channel, group, bits, dt, dst, s, false);
+}
+
+bool DecodeBlockToRows(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt,
+                       uint8_t* const* row_out, BlockScratch& s) {
+#ifdef KVSERVE_QUANT_AVX512
+  if (cpu::Use(cpu::Tier::kAvx512) && dt == DType::kF16 && FusedWidthsFit(n_channel, group)) {
+    s.Reserve(rows * n_channel, BlockMetaCount(rows, n_channel, group));
+    switch (bits) {
+      case 1: return DecodeBlockFused<1>(src, rows, n_channel, group, dt, nullptr, s, row_out);
+      case 2: return DecodeBlockFused<2>(src, rows, n_channel, group, dt, nullptr, s, row_out);
+      case 3: return DecodeBlockFused<3>(src, rows, n_channel, group, dt, nullptr, s, row_out);
+      case 4: return DecodeBlockFused<4>(src, rows, n_channel, group, dt, nullptr, s, row_out);
+      case 5: return DecodeBlockFused<5>(src, rows, n_channel, group, dt, nullptr, s, row_out);
+      case 6: return DecodeBlockFused<6>(src, rows, n_channel, group, dt, nullptr, s, row_out);
+      case 7: return DecodeBlockFused<7>(src, rows, n_channel, group, dt, nullptr, s, row_out);
+      case 8: return DecodeBlockFused<8>(src, rows, n_channel, group, dt, nullptr, s, row_out);
+    }
+  }
+#endif
+  (void)src, (void)rows, (void)n_channel, (void)group, (void)bits, (void)dt, (void)row_out, (void)s;
+  return false;
 }
 
 size_t EncodeBlockReference(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits,

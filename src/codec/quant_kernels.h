@@ -93,6 +93,11 @@ size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, siz
 void StreamFence();
 void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt, void* dst,
                  BlockScratch& s);
+// DecodeBlock with row r written to row_out[r] (a paged cache's rows; non-temporal stores where
+// 64-byte aligned, so StreamFence() after the slab). Only where the fused fp16 loop runs; returns
+// false (nothing written) elsewhere, and the caller decodes into a buffer and copies.
+bool DecodeBlockToRows(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt,
+                       uint8_t* const* row_out, BlockScratch& s);
 // The same two as compositions of the plain kernels above: the definitions the fast loops are
 // tested against (encode byte for byte; decode within one fp16 ulp, as fma rounds once).
 size_t EncodeBlockReference(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits,

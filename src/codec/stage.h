@@ -74,6 +74,8 @@ class RowBlocks {
     for (uint32_t i = 0; i < n; ++i) std::memcpy(buf_->data() + i * row_bytes_, r[t0 + i], row_bytes_);
     return buf_->data();
   }
+  // The rows' own addresses from t0 (a paged slab), or null (a dense one: Read/Write give them).
+  uint8_t* const* RowsFrom(uint32_t t0) const { return dense_ ? nullptr : rows_->data() + t0; }
   // Where to write rows [t0, t0 + n); Wrote(t0, n) then stores them to their rows.
   uint8_t* Write(uint32_t t0, uint32_t n) {
     if (dense_) return dense_ + t0 * row_bytes_;

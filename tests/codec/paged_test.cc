@@ -153,6 +153,55 @@ TEST_F(Paged, FramesDecodeIntoPagesAndLeaveOtherRowsAlone) {
   }
 }
 
+// The fast paths of an engine-sized cache — 64-byte aligned pages, rows of 128 fp16 values, whole
+// quantisation blocks, slabs long enough for FP8's lookup table — against the dense layout:
+// the same frames, the same decoded rows, nothing written outside the sequence.
+TEST(PagedFastPaths, EngineSizedPagesMatchTheDenseLayout) {
+  const KvShape shape{2, 2, 120, 128};  // 7.5 pages of 16
+  const KvBlock dense = SynthesizeKv(shape, {.seed = 5}).value();
+  const uint32_t block_size = 16, num_blocks = 10;
+  const std::vector<uint32_t> table = {6, 1, 9, 3, 0, 8, 2, 5};
+  const uint64_t part = uint64_t{num_blocks} * block_size * shape.n_head_kv * shape.head_dim;
+  auto make = [&](std::vector<ByteBuffer>& memory) {
+    KvPages p;
+    for (uint32_t l = 0; l < shape.n_layer; ++l) {
+      memory.emplace_back(2 * part * 2, uint8_t{0xA5});
+      p.layer_base.push_back(memory.back().data());
+    }
+    p.part_stride = part;
+    p.block_size = block_size;
+    p.num_blocks = num_blocks;
+    p.block_table = table;
+    return KvBlock::PagedView(shape, DType::kF16, std::move(p)).value();
+  };
+  for (const char* spec : {"quant(kbits=4,vbits=4)", "quant(kbits=3,vbits=2)|rans", "quant(kbits=8,vbits=8,kaxis=token)",
+                           "quant(kbits=2,vbits=2,residual=8)", "fp8", "fp8(format=e5m2)|rans", "fp8(scale=token)"}) {
+    SCOPED_TRACE(spec);
+    std::vector<ByteBuffer> src_mem, dst_mem;
+    KvBlock src = make(src_mem), dst = make(dst_mem);
+    ByteBuffer scratch;
+    for (uint64_t sl = 0; sl < shape.n_slab(); ++sl) {
+      uint8_t* w = src.SlabToWrite(sl, scratch);
+      std::memcpy(w, dense.slab_at(sl), shape.slab_numel() * 2);
+      src.WroteSlab(sl, w);
+    }
+    const ByteBuffer frame = EncodeKv(dense, spec).value();
+    EXPECT_EQ(EncodeKv(src, spec).value(), frame);
+    KvBlock want;
+    ASSERT_TRUE(DecodeKv(frame, &want).ok());
+    ASSERT_TRUE(DecodeKv(frame, &dst).ok());
+    EXPECT_TRUE(SameValues(dst, want));
+    // Rows no token maps to: the pages outside the table and the last page's second half.
+    const size_t row = size_t{shape.n_head_kv} * shape.head_dim * 2;
+    std::vector<bool> mapped(num_blocks * block_size, false);
+    for (uint32_t t = 0; t < shape.n_token; ++t) mapped[table[t / block_size] * block_size + t % block_size] = true;
+    for (const ByteBuffer& l : dst_mem)
+      for (size_t r = 0; r < 2 * mapped.size(); ++r)
+        if (!mapped[r % mapped.size()])
+          for (size_t i = 0; i < row; ++i) ASSERT_EQ(l[r * row + i], 0xA5) << "row " << r << " was written";
+  }
+}
+
 TEST_F(Paged, LayerFramesAssembleIntoPages) {
   const std::string spec = "quant(kbits=4,vbits=4)|rans";
   PagedCache src(shape_, DType::kF16);
