@@ -202,15 +202,16 @@ class NodeHttp {
     KV_ASSIGN_OR_RETURN(port_, server_.Start(address));
     return Status::Ok();
   }
-  // The node is loaded: the APIs serve from now on.
-  void Ready(const NodeModel& model, std::function<Result<ServeResponse>(const ServeRequest&, const TokenSink&)> serve,
-             std::function<std::string()> metrics, std::function<double()> bandwidth_gbps, std::function<double()> latency_seconds) {
+  // The node is loaded: the APIs serve from it from now on. Prefill and pool nodes answer alike
+  // (Serve, metrics, the link's bandwidth and latency estimates).
+  template <typename Node>
+  void Ready(const NodeModel& model, Node* n) {
     serve_internal::NodeFront& f = *front_;
     f.model = model.Api();
-    f.serve = std::move(serve);
-    f.metrics = std::move(metrics);
-    f.bandwidth_gbps = std::move(bandwidth_gbps);
-    f.latency_seconds = std::move(latency_seconds);
+    f.serve = [n](const ServeRequest& r, const TokenSink& sink) { return n->Serve(r, sink); };
+    f.metrics = [n, role = role_] { return n->metrics().Prometheus(role); };
+    f.bandwidth_gbps = [n] { return n->bandwidth_estimate_gbps(); };
+    f.latency_seconds = [n] { return n->link_latency_seconds(); };
     server_.SetMaxBodyBytes(serve_internal::NodeBodyLimit(f.model));
     f.ready.store(true, std::memory_order_release);
     SayListening(role_, address_, port_);
@@ -290,10 +291,7 @@ Status RunPrefill(const PrefillFlags& f) {
   KV_ASSIGN_OR_RETURN(node, PrefillNode::Create(transport.get(), o));
   for (uint32_t n : f.model.prepare_tokens) KV_RETURN_IF_ERROR(node->Prepare(n));
   if (log != LogLevel::kQuiet) std::fprintf(stderr, "prefill node: %s, transport %s\n", model.Describe().c_str(), transport->name().c_str());
-  PrefillNode* n = node.get();
-  http.Ready(model, [n](const ServeRequest& r, const TokenSink& sink) { return n->Serve(r, sink); },
-             [n] { return n->metrics().Prometheus("prefill"); }, [n] { return n->bandwidth_estimate_gbps(); },
-             [n] { return n->link_latency_seconds(); });
+  http.Ready(model, node.get());
   http.ServeUntilSignal();
   return Status::Ok();
 }
@@ -338,10 +336,7 @@ Status RunPoolServe(const PoolServeFlags& f) {
   if (log != LogLevel::kQuiet) {
     std::fprintf(stderr, "pool node: %s, pool %s, policy %s\n", model.Describe().c_str(), pool->name().c_str(), f.policy.c_str());
   }
-  PoolNode* n = node.get();
-  http.Ready(model, [n](const ServeRequest& r, const TokenSink& sink) { return n->Serve(r, sink); },
-             [n] { return n->metrics().Prometheus("pool"); }, [n] { return n->bandwidth_estimate_gbps(); },
-             [n] { return n->link_latency_seconds(); });
+  http.Ready(model, node.get());
   http.ServeUntilSignal();
   return Status::Ok();
 }
