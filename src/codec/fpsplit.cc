@@ -24,9 +24,20 @@
 //          | u32 escape count per slab | the escapes: u32 index within the slab, u8 exponent.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "codec/quant_kernels.h"
 #include "codec/stage.h"
+#include "kvserve/cpu.h"
+
+#ifdef KVSERVE_HAVE_AVX512_REGION
+#include <immintrin.h>
+// GCC 12 reports the intrinsics' own _mm512_undefined_*() operands as "may be used
+// uninitialized" once inlined (as in quant_kernels.cc); the values are never read.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#endif
 
 namespace kvserve {
 namespace {
@@ -79,6 +90,66 @@ struct Scratch {
     top.resize(n8);
   }
 };
+
+#ifdef KVSERVE_HAVE_AVX512_REGION
+KVSERVE_BEGIN_AVX512
+// The decode join of a 16-bit slab read straight from the packed planes, 64 values of each of the
+// eight plane segments per step (no unpacked symbol or top-bit arrays): with Q = n / 8, value
+// j + k*Q is nibble k / 4 of symbol byte j + (k % 4) * Q, bits 2*(k / 2) of the 2-bit top plane's
+// byte j + (k % 2) * Q, and bit k of the 1-bit plane's byte j (quant_kernels.h's layout). Needs
+// n a multiple of 8 * D and D of 64, so the 64 values of a step are channels j % D onwards in
+// every segment. Each output half is built as bytes (high: sign, exponent, top mantissa bits;
+// low: the stored byte) and interleaved into 16-bit values. Escapes are put in afterwards.
+template <bool kF16, int K>
+inline void JoinSegment(const __m512i* sym, const __m512i* top2, __m512i top1, const uint8_t* low, __m512i base,
+                        uint16_t* out) {
+  const __m512i nib = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+  const __m512i s = K < 4 ? _mm512_and_si512(sym[K % 4], nib) : _mm512_and_si512(_mm512_srli_epi16(sym[K % 4], 4), nib);
+  // e = s ? (s - 1 + base) & emask : 0, in byte lanes (the sum wraps as the scalar one does).
+  __m512i e = _mm512_maskz_sub_epi8(_mm512_test_epi8_mask(s, s), _mm512_add_epi8(s, base), one);
+  const __m512i lo_in = _mm512_loadu_si512(low);
+  __m512i hi, lo;
+  if constexpr (kF16) {
+    e = _mm512_and_si512(e, _mm512_set1_epi8(0x1F));
+    const __m512i t2 = _mm512_and_si512(_mm512_srli_epi16(top2[K % 2], 2 * (K / 2)), _mm512_set1_epi8(3));
+    const __m512i t1 = _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(top1, K), 7), _mm512_set1_epi8(char(0x80)));
+    // sign << 7 | e << 2 | mantissa bits 8-9 (e < 32, so the 16-bit shift moves nothing across bytes)
+    hi = _mm512_or_si512(_mm512_or_si512(t1, _mm512_slli_epi16(e, 2)), t2);
+    lo = lo_in;
+  } else {
+    // bf16: the stored byte is sign << 7 | mantissa; the exponent's low bit goes into bit 7 of the low byte.
+    const __m512i top_bit = _mm512_set1_epi8(char(0x80));
+    // (0xCA: a ? b : c, bit by bit; the shifts' bits crossing a byte land where the select drops them)
+    hi = _mm512_ternarylogic_epi32(top_bit, lo_in, _mm512_srli_epi16(e, 1), 0xCA);
+    lo = _mm512_ternarylogic_epi32(top_bit, _mm512_slli_epi16(e, 7), lo_in, 0xCA);
+  }
+  // Interleave low and high bytes: qwords ordered so that the in-lane unpacks give values 0-31, 32-63.
+  const __m512i order = _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7);
+  lo = _mm512_permutexvar_epi64(order, lo);
+  hi = _mm512_permutexvar_epi64(order, hi);
+  _mm512_storeu_si512(out, _mm512_unpacklo_epi8(lo, hi));
+  _mm512_storeu_si512(out + 32, _mm512_unpackhi_epi8(lo, hi));
+}
+
+template <bool kF16, int... K>
+void JoinPackedAvx512(const uint8_t* sym_planes, const uint8_t* top_planes, const uint8_t* low, const uint8_t* base,
+                      uint32_t D, uint64_t n, uint16_t* dst, std::integer_sequence<int, K...>) {
+  const uint64_t Q = n / 8;
+  for (uint64_t j = 0; j < Q; j += 64) {
+    const __m512i b = _mm512_loadu_si512(base + j % D);
+    const __m512i sym[4] = {_mm512_loadu_si512(sym_planes + j), _mm512_loadu_si512(sym_planes + j + Q),
+                            _mm512_loadu_si512(sym_planes + j + 2 * Q), _mm512_loadu_si512(sym_planes + j + 3 * Q)};
+    __m512i top2[2] = {}, top1 = _mm512_setzero_si512();
+    if constexpr (kF16) {
+      top2[0] = _mm512_loadu_si512(top_planes + j);
+      top2[1] = _mm512_loadu_si512(top_planes + j + Q);
+      top1 = _mm512_loadu_si512(top_planes + 2 * Q + j);
+    }
+    (JoinSegment<kF16, K>(sym, top2, top1, low + j + K * Q, b, dst + j + K * Q), ...);
+  }
+}
+KVSERVE_END_TIER
+#endif
 
 class FpSplitStage final : public Stage {
  public:
@@ -299,6 +370,15 @@ class FpSplitStage final : public Stage {
     constexpr uint32_t emask = (1u << E) - 1, mmask = (1u << M) - 1;
     uint16_t* __restrict dst = reinterpret_cast<uint16_t*>(dst_bytes);
     const uint64_t n = l.n;
+#ifdef KVSERVE_HAVE_AVX512_REGION
+    if (cpu::Use(cpu::Tier::kAvx512) && l.head_dim % 64 == 0 && n % (8 * uint64_t{l.head_dim}) == 0 &&
+        l.top_bits == (M == 10 ? 3 : 0)) {
+      JoinPackedAvx512<M == 10>(src + l.symbols(), src + l.top(), src + l.low(), src + l.bases(), l.head_dim, n, dst,
+                                std::make_integer_sequence<int, 8>{});
+      PatchEscapes<M, E>(esc, n_esc, dst);
+      return;
+    }
+#endif
     uint8_t* __restrict sym = sc.sym.data();
     uint8_t* __restrict top = sc.top.data();
     quant::UnpackCodes(src + l.symbols(), l.n8, kSymbolBits, sym);
@@ -317,6 +397,13 @@ class FpSplitStage final : public Stage {
         dst[i + d] = uint16_t(((rest >> M) << 15) | (e << M) | (rest & mmask));
       }
     }
+    PatchEscapes<M, E>(esc, n_esc, dst);
+  }
+
+  // Escaped exponents into values joined with exponent 0.
+  template <int M, int E>
+  static void PatchEscapes(const uint8_t* esc, uint64_t n_esc, uint16_t* dst) {
+    constexpr uint32_t emask = (1u << E) - 1;
     for (uint64_t k = 0; k < n_esc; ++k) {
       uint32_t idx;
       std::memcpy(&idx, esc + k * kEscapeBytes, 4);

@@ -781,23 +781,39 @@ class RansStage final : public Stage {
       }
       Cursor& a = cur[0];
       Cursor& b = cur[1];
+      // How a run pairs: by bucket tables (one table for all channels), by 16-symbol lane tables
+      // (rans::DecodeRunPairLanes), or not at all (metadata, other alphabets).
+      enum class Pairs { kNo, kBuckets, kLanes };
+      auto pairs_by = [&](const RunRef& run) {
+        if (run.half) return Pairs::kNo;
+        const Lookup& t = code_lookup[L.context_of[run.index]];
+        if (!t.buckets.empty()) return Pairs::kBuckets;
+        return L.code[L.context_of[run.index]].bits == 4 && !t.lanes.empty() ? Pairs::kLanes : Pairs::kNo;
+      };
       while (n_cur == 2 && a.run < a.end && b.run < b.end) {
         const RunRef& ra = runs[a.run];
         const RunRef& rb = runs[b.run];
-        const std::vector<uint32_t>* ba = ra.half ? nullptr : &code_lookup[L.context_of[ra.index]].buckets;
-        const std::vector<uint32_t>* bb = rb.half ? nullptr : &code_lookup[L.context_of[rb.index]].buckets;
-        if (ba == nullptr || ba->empty()) {
+        const Pairs pa = pairs_by(ra), pb = pairs_by(rb);
+        if (pa == Pairs::kNo || (pa != pb && pb != Pairs::kNo)) {
           if (!finish(a)) return;
           continue;
         }
-        if (bb == nullptr || bb->empty()) {
+        if (pb == Pairs::kNo) {
           if (!finish(b)) return;
           continue;
         }
         const uint32_t left_a = uint32_t(a.sym->size()) - a.done, left_b = uint32_t(b.sym->size()) - b.done;
         const uint32_t n = std::min(left_a, left_b);
-        const uint32_t got = rans::DecodeRunPair(states[a.stream], *ba, a.sym->data() + a.done, states[b.stream], *bb,
-                                                 b.sym->data() + b.done, n);
+        const Lookup& la = code_lookup[L.context_of[ra.index]];
+        const Lookup& lb = code_lookup[L.context_of[rb.index]];
+        const uint32_t got =
+            pa == Pairs::kBuckets
+                ? rans::DecodeRunPair(states[a.stream], la.buckets, a.sym->data() + a.done, states[b.stream], lb.buckets,
+                                      b.sym->data() + b.done, n)
+                : rans::DecodeRunPairLanes(states[a.stream], RunOf(L, L.code[L.context_of[ra.index]], entries.data()),
+                                           la.lanes, a.sym->data() + a.done, states[b.stream],
+                                           RunOf(L, L.code[L.context_of[rb.index]], entries.data()), lb.lanes,
+                                           b.sym->data() + b.done, n);
         a.done += got;
         b.done += got;
         // A stream near its end stops the pair: both runs are finished alone.

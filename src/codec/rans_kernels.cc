@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <numeric>
 
 #include "kvserve/cpu.h"
 
@@ -389,7 +390,32 @@ class LaneTableOffsets {
   const __m512i advance_, wrap_;
 };
 
-// Compare-scan decode over lane tables (see LaneTables), A = 2^bits symbols, unrolled.
+// The packed entry of the largest symbol whose row (of 16, lane tables' layout) is <= key in each
+// lane: rows are non-decreasing per lane and row 0 always matches, so a binary search finds it —
+// 4 compares, each step's candidate row picked per lane by blends on the bits found so far (the
+// blends on earlier bits first, so each step waits on one blend after its compare), against 15
+// compares and selects of a scan (4-bit rans decode 1.3x as fast: docs/results/float_lossless.md).
+inline __m512i SearchRows16(const uint32_t* t, __m512i key) {
+  const auto row = [t](int s) { return _mm512_loadu_si512(t + s * 16); };
+  const __m512i r8 = row(8);
+  const __mmask16 m8 = _mm512_cmple_epu32_mask(r8, key);
+  __m512i e = _mm512_mask_mov_epi32(row(0), m8, r8);
+  const __m512i c4 = _mm512_mask_blend_epi32(m8, row(4), row(12));
+  const __m512i a2 = _mm512_mask_blend_epi32(m8, row(2), row(10)), b2 = _mm512_mask_blend_epi32(m8, row(6), row(14));
+  const __m512i a1 = _mm512_mask_blend_epi32(m8, row(1), row(9)), b1 = _mm512_mask_blend_epi32(m8, row(3), row(11));
+  const __m512i c1 = _mm512_mask_blend_epi32(m8, row(5), row(13)), d1 = _mm512_mask_blend_epi32(m8, row(7), row(15));
+  const __mmask16 m4 = _mm512_cmple_epu32_mask(c4, key);
+  e = _mm512_mask_mov_epi32(e, m4, c4);
+  const __m512i c2 = _mm512_mask_blend_epi32(m4, a2, b2);
+  const __m512i ab1 = _mm512_mask_blend_epi32(m4, a1, c1), cd1 = _mm512_mask_blend_epi32(m4, b1, d1);
+  const __mmask16 m2 = _mm512_cmple_epu32_mask(c2, key);
+  e = _mm512_mask_mov_epi32(e, m2, c2);
+  const __m512i last = _mm512_mask_blend_epi32(m2, ab1, cd1);
+  return _mm512_mask_mov_epi32(e, _mm512_cmple_epu32_mask(last, key), last);
+}
+
+// Compare-scan decode over lane tables (see LaneTables), A = 2^bits symbols, unrolled; a binary
+// search for 16 symbols.
 template <uint32_t A>
 bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, uint32_t n, uint8_t* out) {
   const uint32_t C = r.table_stride == 0 ? 1 : r.n_channel;
@@ -404,12 +430,18 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
     const uint32_t* t1 = lane_tables + (blocks ? size_t(ch1 / 16) * A * 16 : 0);
     const __m512i s0 = _mm512_and_si512(x0, slot_mask), s1 = _mm512_and_si512(x1, slot_mask);
     const __m512i k0 = PackedKey(s0), k1 = PackedKey(s1);
-    __m512i e0 = _mm512_loadu_si512(t0), e1 = _mm512_loadu_si512(t1);
+    __m512i e0, e1;
+    if constexpr (A == 16) {
+      e0 = SearchRows16(t0, k0);
+      e1 = SearchRows16(t1, k1);
+    } else {
+      e0 = _mm512_loadu_si512(t0), e1 = _mm512_loadu_si512(t1);
 #pragma GCC unroll 16
-    for (uint32_t s = 1; s < A; ++s) {
-      const __m512i v0 = _mm512_loadu_si512(t0 + s * 16), v1 = _mm512_loadu_si512(t1 + s * 16);
-      e0 = _mm512_mask_mov_epi32(e0, _mm512_cmple_epu32_mask(v0, k0), v0);
-      e1 = _mm512_mask_mov_epi32(e1, _mm512_cmple_epu32_mask(v1, k1), v1);
+      for (uint32_t s = 1; s < A; ++s) {
+        const __m512i v0 = _mm512_loadu_si512(t0 + s * 16), v1 = _mm512_loadu_si512(t1 + s * 16);
+        e0 = _mm512_mask_mov_epi32(e0, _mm512_cmple_epu32_mask(v0, k0), v0);
+        e1 = _mm512_mask_mov_epi32(e1, _mm512_cmple_epu32_mask(v1, k1), v1);
+      }
     }
     x0 = DecodePacked(x0, s0, e0, out + j);
     x1 = DecodePacked(x1, s1, e1, out + j + 16);
@@ -553,9 +585,68 @@ bool DecodeRunAvx512(DecoderState& st, const Run& r, const std::vector<uint32_t>
   st.ptr = ptr;
   return j >= n || DecodeRunScalar(st, r, j, n, out);
 }
+
+// DecodeRunPairLanes's loop: four state vectors (two per stream) searched side by side.
+uint32_t DecodeRunPairLanesAvx512(DecoderState& a, const Run& ra, const uint32_t* lanes_a, uint8_t* out_a,
+                                  DecoderState& b, const Run& rb, const uint32_t* lanes_b, uint8_t* out_b, uint32_t n,
+                                  uint32_t period) {
+  const uint32_t Ca = ra.table_stride == 0 ? 1 : ra.n_channel, Cb = rb.table_stride == 0 ? 1 : rb.n_channel;
+  const bool blocks_a = Ca % 16 == 0, blocks_b = Cb % 16 == 0;
+  const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1);
+  __m512i x[4] = {_mm512_loadu_si512(a.x), _mm512_loadu_si512(a.x + 16), _mm512_loadu_si512(b.x),
+                  _mm512_loadu_si512(b.x + 16)};
+  const uint8_t* pa = a.ptr;
+  const uint8_t* pb = b.ptr;
+  // A stretch of `period` symbols reads at most 2 bytes per state and group of kLanes.
+  const ptrdiff_t need = ptrdiff_t(period / kLanes) * 2 * kLanes;
+  uint32_t j = 0, ch_a = 0, ch_b = 0;  // channel of lane 0 (a multiple of 16 where blocks)
+  auto rows = [](const uint32_t* lanes, bool blocks, uint32_t ch) { return lanes + (blocks ? size_t(ch / 16) * 256 : 0); };
+  auto next = [](bool blocks, uint32_t ch, uint32_t C) { return blocks ? (ch + 16 == C ? 0 : ch + 16) : 0; };
+  for (; j < n && a.end - pa >= need && b.end - pb >= need;) {
+    for (const uint32_t stretch_end = j + period; j < stretch_end; j += kLanes) {
+      const uint32_t ch1_a = next(blocks_a, ch_a, Ca), ch1_b = next(blocks_b, ch_b, Cb);
+      const uint32_t* t[4] = {rows(lanes_a, blocks_a, ch_a), rows(lanes_a, blocks_a, ch1_a), rows(lanes_b, blocks_b, ch_b),
+                              rows(lanes_b, blocks_b, ch1_b)};
+      uint8_t* out[4] = {out_a + j, out_a + j + 16, out_b + j, out_b + j + 16};
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        const __m512i slot = _mm512_and_si512(x[v], slot_mask);
+        x[v] = DecodePacked(x[v], slot, SearchRows16(t[v], PackedKey(slot)), out[v]);
+      }
+      Renormalize(x[0], pa);
+      Renormalize(x[1], pa);
+      Renormalize(x[2], pb);
+      Renormalize(x[3], pb);
+      ch_a = next(blocks_a, ch1_a, Ca);
+      ch_b = next(blocks_b, ch1_b, Cb);
+    }
+  }
+  _mm512_storeu_si512(a.x, x[0]);
+  _mm512_storeu_si512(a.x + 16, x[1]);
+  _mm512_storeu_si512(b.x, x[2]);
+  _mm512_storeu_si512(b.x + 16, x[3]);
+  a.ptr = pa;
+  b.ptr = pb;
+  return j;
+}
 }  // namespace
 KVSERVE_END_TIER
 #endif
+
+uint32_t DecodeRunPairLanes(DecoderState& a, const Run& ra, const std::vector<uint32_t>& lanes_a, uint8_t* out_a,
+                            DecoderState& b, const Run& rb, const std::vector<uint32_t>& lanes_b, uint8_t* out_b,
+                            uint32_t n) {
+  if (ra.bits != 4 || rb.bits != 4 || lanes_a.empty() || lanes_b.empty()) return 0;
+#if KVSERVE_RANS_AVX512
+  if (cpu::Use(cpu::Tier::kAvx512)) {
+    const uint32_t Ca = ra.table_stride == 0 ? 1 : ra.n_channel, Cb = rb.table_stride == 0 ? 1 : rb.n_channel;
+    const uint32_t period = std::lcm(std::lcm(uint32_t(kLanes), Ca), Cb);
+    return DecodeRunPairLanesAvx512(a, ra, lanes_a.data(), out_a, b, rb, lanes_b.data(), out_b, n / period * period, period);
+  }
+#endif
+  (void)out_a, (void)out_b, (void)n;
+  return 0;
+}
 
 bool HaveSimdDecoder() {
 #if KVSERVE_RANS_AVX512

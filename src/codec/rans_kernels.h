@@ -69,6 +69,16 @@ std::vector<uint32_t> BucketTables(const Run& run);
 uint32_t DecodeRunPair(DecoderState& a, const std::vector<uint32_t>& buckets_a, uint8_t* out_a, DecoderState& b,
                        const std::vector<uint32_t>& buckets_b, uint8_t* out_b, uint32_t n);
 
+// The same for two runs of 16-symbol alphabets with lane tables (LaneTables; a table per channel
+// allowed): each vector's binary search (4 dependent compares) is latency-bound, and the other
+// stream's vectors fill its gaps. Decodes whole stretches of lcm(kLanes, both runs' channel
+// counts) symbols, so each run stops at channel 0, where DecodeRun resumes it; stops early where
+// either stream has less than a stretch's bytes left. Returns the symbols decoded from each (0
+// without AVX-512 or where the runs do not qualify).
+uint32_t DecodeRunPairLanes(DecoderState& a, const Run& run_a, const std::vector<uint32_t>& lanes_a, uint8_t* out_a,
+                            DecoderState& b, const Run& run_b, const std::vector<uint32_t>& lanes_b, uint8_t* out_b,
+                            uint32_t n);
+
 // The same decode with the widest SIMD the CPU has (kvserve/cpu.h) (AVX-512: compares over `lane_tables`
 // where given, else slot lookups in `slot_tables` where given, else a binary search by
 // gathers), falling back to the scalar loop for the last groups near the end of the stream.

@@ -1,11 +1,12 @@
-// rANS kernels: the SIMD paths (decode: compare-scan over lane tables, slot tables, gather search,
-// two streams over bucket tables;
+// rANS kernels: the SIMD paths (decode: compare-scan or binary search over lane tables, slot
+// tables, gather search, two streams over bucket tables or 16-symbol lane tables;
 // encode: 16-lane vectors; symbol counting) against the scalar reference, for every alphabet size and
 // channel layout.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "simd_test_util.h"
@@ -217,6 +218,68 @@ TEST_P(RansKernelTiers, PairDecodeMatchesTwoScalarDecodes) {
     }
   }
   if (HaveSimdDecoder()) EXPECT_GT(paired, 20);
+}
+
+// Two streams of 4-bit runs over lane tables (a table per channel, or one shared) in one loop
+// against two scalar decodes: channel counts whose stretches differ (lcm of 32 and both), random
+// tables with absent symbols, a second stream that sometimes runs out; DecodeRun, starting at
+// channel 0 with lane tables, finishes each run where the pair stopped.
+TEST_P(RansKernelTiers, PairLanesDecodeMatchesTwoScalarDecodes) {
+  std::mt19937 rng(9);
+  int paired = 0;
+  const std::pair<uint32_t, uint32_t> layouts[] = {{128, 128}, {128, 16}, {48, 128}, {8, 1}, {16, 48}, {1, 1}};
+  for (const auto& [ca, cb] : layouts) {
+    for (int round = 0; round < 6; ++round) {
+      const uint32_t channels[2] = {ca, cb};
+      std::vector<uint32_t> entries[2];
+      rans::Run run[2];
+      for (int q = 0; q < 2; ++q) {
+        const bool shared = channels[q] == 1 && round % 2;
+        entries[q] = RandomTables(rng, shared ? 1 : channels[q], 4);
+        run[q] = {entries[q].data(), shared ? 0u : 16u, channels[q], 4};
+      }
+      const std::vector<uint32_t> lanes[2] = {LaneTables(run[0]), LaneTables(run[1])};
+      ASSERT_FALSE(lanes[0].empty() || lanes[1].empty());
+      const uint32_t period = std::lcm(std::lcm(uint32_t(kLanes), ca), cb);
+      const uint32_t n = period * (8 + rng() % 8) + kLanes * (rng() % 3);
+      const std::string what = "channels " + std::to_string(ca) + "/" + std::to_string(cb) + " round " + std::to_string(round);
+      std::vector<uint8_t> stream[2];
+      DecoderState ref[2], pair[2];
+      std::vector<uint8_t> out_ref[2], out_pair[2];
+      bool ok_ref[2];
+      for (int q = 0; q < 2; ++q) {
+        stream[q].resize(q == 1 && round % 3 == 1 ? n : n * 2 + 100);  // the second sometimes runs out
+        for (auto& b : stream[q]) b = uint8_t(rng());
+        for (int l = 0; l < kLanes; ++l) ref[q].x[l] = kLow + rng() % ((1u << 31) - kLow);
+        ref[q].ptr = stream[q].data();
+        ref[q].end = stream[q].data() + stream[q].size();
+        pair[q] = ref[q];
+        out_ref[q].assign(n, 0);
+        out_pair[q].assign(n, 0);
+        ok_ref[q] = DecodeRunScalar(ref[q], run[q], 0, n, out_ref[q].data());
+      }
+      const uint32_t done = DecodeRunPairLanes(pair[0], run[0], lanes[0], out_pair[0].data(), pair[1], run[1], lanes[1],
+                                               out_pair[1].data(), n);
+      ASSERT_EQ(done % period, 0u) << what;
+      ASSERT_LE(done, n) << what;
+      if (HaveSimdDecoder() && round % 3 != 1) EXPECT_EQ(done, n / period * period) << what;
+      paired += done > 0;
+      for (int q = 0; q < 2; ++q) {
+        const bool ok = DecodeRun(pair[q], run[q], lanes[q], {}, n - done, out_pair[q].data() + done);
+        ASSERT_EQ(ok, ok_ref[q]) << what << " stream " << q;
+        ASSERT_EQ(out_pair[q], out_ref[q]) << what << " stream " << q;
+        ASSERT_EQ(pair[q].ptr, ref[q].ptr) << what << " stream " << q;
+        ASSERT_EQ(std::memcmp(pair[q].x, ref[q].x, sizeof(ref[q].x)), 0) << what << " stream " << q;
+      }
+    }
+  }
+  if (HaveSimdDecoder()) EXPECT_GT(paired, 20);
+  // Other alphabets are not paired this way.
+  const std::vector<uint32_t> three = RandomTables(rng, 16, 3);
+  const rans::Run r3{three.data(), 8, 16, 3};
+  DecoderState st{};
+  std::vector<uint8_t> out(64);
+  EXPECT_EQ(DecodeRunPairLanes(st, r3, LaneTables(r3), out.data(), st, r3, LaneTables(r3), out.data(), 64), 0u);
 }
 
 TEST(RansKernels, BucketTablesOnlyForOneTableWithFewStartsPerBucket) {
