@@ -106,7 +106,7 @@ void AddRunFlags(CLI::App* c, RunFlags* f, bool grid) {
   if (!grid) {
     c->add_option("--mode", f->mode, "acquisition: constrained | ehvi | random")->capture_default_str();
     c->add_option("--budget", f->budget, "quality evaluations")->capture_default_str()->check(InRange(1, 100000));
-    c->add_option("--init", f->n_init, "cold-start evaluations (0: 2 for ehvi, 5 for constrained)")->capture_default_str();
+    c->add_option("--init", f->n_init, "cold-start evaluations (0: 1 for ehvi, 5 for constrained)")->capture_default_str();
     c->add_option("--search-seed", f->search_seed, "seed of the search")->capture_default_str();
   }
   c->add_option("--floor", f->floor, "quality floor (relative accuracy) for feasibility")->capture_default_str()->check(InRange(1e-9, 1.05));
@@ -299,7 +299,7 @@ void AddProfileCommands(CLI::App& app) {
     c->add_option("--budget-frac", *fracs, "budgets as fractions of the grid, comma-separated")->capture_default_str();
     c->add_option("--seeds", *seeds, "seeds per method")->capture_default_str()->check(InRange(1, 1000));
     c->add_option("--methods", *methods, "comma-separated: ehvi, constrained, random")->capture_default_str();
-    c->add_option("--init", *n_init, "cold-start evaluations of the BO methods (0: 2 for ehvi, 5 for constrained)")->capture_default_str();
+    c->add_option("--init", *n_init, "cold-start evaluations of the BO methods (0: 1 for ehvi, 5 for constrained)")->capture_default_str();
     c->add_option("--svg", *svg, "also write hypervolume vs evaluations (SVG)")->check(OutputPath());
     c->add_flag("--json", *as_json, "machine-readable output");
     SetAction(c, [=]() -> Status {

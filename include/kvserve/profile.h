@@ -80,8 +80,8 @@ struct BoOptions {
   uint32_t budget = 40;
   double floor = 0.97;
   uint64_t seed = 1;
-  // Cold-start evaluations; 0 = the mode's default: 2 for ehvi (a maximin pair over the GP
-  // inputs), 5 for constrained (KVServe: spread over the ratio range).
+  // Cold-start evaluations; 0 = the mode's default: 1 for ehvi (one group, then EHVI; more are
+  // spread maximin over the GP inputs), 5 for constrained (KVServe: spread over the ratio range).
   uint32_t n_init = 0;
   // Observations below floor - censor are fitted as floor - censor: the GP need not model how
   // bad an infeasible strategy is, only that it is infeasible.

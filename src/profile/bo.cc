@@ -143,10 +143,11 @@ Result<std::vector<double>> Acquire(const SearchState& s, const std::vector<BoOb
   return values;
 }
 
-// Cold-start order. constrained (KVServe): quantiles of the ratio range. ehvi: a maximin design
-// over the GP inputs (each next group as far as possible from those chosen), starting from the
-// group of median ratio (seed 1) or a random one — so the first evaluations cover templates and
-// bit widths evenly.
+// Cold-start order. constrained (KVServe): quantiles of the ratio range. ehvi: the group of
+// median ratio (seed 1) or a random one; where more cold-start points are asked for, a maximin
+// design over the GP inputs (each next group as far as possible from those chosen), so they
+// cover templates and bit widths evenly. By default ehvi takes one: from the second evaluation on
+// EHVI spends the budget better than a spread does (docs/PROFILER.md).
 std::vector<uint32_t> ColdStartOrder(const std::vector<BoCandidate>& cands, const Groups& g,
                                      const std::vector<std::vector<double>>& x, SearchMode mode, uint32_t n_init,
                                      uint64_t seed) {
@@ -182,7 +183,7 @@ std::vector<uint32_t> ColdStartOrder(const std::vector<BoCandidate>& cands, cons
 
 uint32_t DefaultInit(const BoOptions& o) {
   if (o.n_init > 0) return o.n_init;
-  return o.mode == SearchMode::kEhvi ? 2 : 5;
+  return o.mode == SearchMode::kEhvi ? 1 : 5;
 }
 
 }  // namespace
