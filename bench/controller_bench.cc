@@ -1,5 +1,6 @@
-// Decision latency of the online controller with a 50-strategy profile (goal: <= 10 us), with and
-// without the bandit, and the explanation line (only built when asked for).
+// Decision latency of the online controller with a 50-strategy profile (goal: <= 10 us): the
+// default rule (live codec speeds, queue-aware cost), with the bandit, KVServe's rule; and the
+// explanation line (only built when asked for).
 #include <benchmark/benchmark.h>
 
 #include "kvserve/controller.h"
@@ -18,8 +19,8 @@ std::vector<StrategyCost> FiftyStrategies() {
 }
 
 void Decide(benchmark::State& state) {
-  ControllerOptions o;
-  o.bandit = state.range(0) != 0;
+  ControllerOptions o = state.range(0) == 2 ? ControllerOptions::KvServeRule() : ControllerOptions{};
+  o.bandit = state.range(0) == 1;
   Controller c(FiftyStrategies(), o);
   Request r;
   r.kv_bytes = 512e6;
@@ -29,13 +30,16 @@ void Decide(benchmark::State& state) {
   Decision d;
   double bw = 1e9;
   for (auto _ : state) {
-    c.Decide(r, bw, 0.9, QueueState{0.01, 0.0, 0.02}, &d);  // link idle: the bandit path runs
+    // Codec work queued, the link idle: the queue term is computed and the bandit path runs.
+    c.Decide(r, bw, 0.9, QueueState{0.01, 0.0, 0.02, 1, 0, 1}, &d);
     benchmark::DoNotOptimize(d.choice);
     bw = bw < 3e9 ? bw * 1.01 : 0.5e9;  // vary the link so the choice varies
   }
-  state.SetLabel(o.bandit ? "50 strategies, bandit" : "50 strategies, moving average only");
+  state.SetLabel(state.range(0) == 1   ? "50 strategies, live speeds + queue cost + bandit"
+                 : state.range(0) == 2 ? "50 strategies, KVServe's rule (moving average)"
+                                       : "50 strategies, live speeds + queue cost");
 }
-BENCHMARK(Decide)->Arg(0)->Arg(1);
+BENCHMARK(Decide)->Arg(0)->Arg(1)->Arg(2);
 
 void DecideAndObserve(benchmark::State& state) {
   Controller c(FiftyStrategies());
@@ -45,7 +49,9 @@ void DecideAndObserve(benchmark::State& state) {
   Decision d;
   for (auto _ : state) {
     c.Decide(r, 1e9, 0.9, {}, &d);
-    c.Observe(d, r, d.predicted_seconds * 1.1);
+    const StrategyCost& s = c.strategies()[d.choice];
+    c.Observe(d, r, d.predicted_seconds * 1.1,
+              s.none() ? StageTimes{} : StageTimes{1.1 * r.kv_bytes / s.encode_Bps, 1.1 * r.kv_bytes / s.decode_Bps});
   }
 }
 BENCHMARK(DecideAndObserve);

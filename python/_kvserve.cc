@@ -527,10 +527,13 @@ class PyController {
     out.explanation = c_.Explain(out.r, out.d);
     return out;
   }
-  void Observe(const PyDecision& d, double seconds) {
+  void Observe(const PyDecision& d, double seconds, double encode_seconds, double decode_seconds) {
     if (!(seconds >= 0)) Throw(Status::InvalidArgument("observed seconds " + std::to_string(seconds) + " is negative"));
+    if (!(encode_seconds >= 0) || !(decode_seconds >= 0))
+      Throw(Status::InvalidArgument("encode_seconds " + std::to_string(encode_seconds) + " / decode_seconds " +
+                                    std::to_string(decode_seconds) + " must be >= 0"));
     if (d.d.choice >= c_.strategies().size()) Throw(Status::InvalidArgument("decision is not this controller's"));
-    c_.Observe(d.d, d.r, seconds);
+    c_.Observe(d.d, d.r, seconds, StageTimes{encode_seconds, decode_seconds});
   }
   py::list Strategies() const {
     py::list l;
@@ -867,7 +870,7 @@ PYBIND11_MODULE(_kvserve, m) {
                  Unwrap(Controller::FromProfile(p, MakeControllerOptions(pipelined, n_layer, bandit, seed))));
            }),
            py::arg("profile"), py::kw_only(), py::arg("pipelined") = false, py::arg("n_layer") = 32,
-           py::arg("bandit") = true, py::arg("seed") = 1, "A controller over a profile file's Pareto set.")
+           py::arg("bandit") = false, py::arg("seed") = 1, "A controller over a profile file's Pareto set.")
       .def_static(
           "from_strategies",
           [](const std::vector<py::dict>& items, bool pipelined, uint32_t n_layer, bool bandit, uint64_t seed) {
@@ -890,15 +893,17 @@ PYBIND11_MODULE(_kvserve, m) {
                                                   MakeControllerOptions(pipelined, n_layer, bandit, seed));
           },
           py::arg("strategies"), py::kw_only(), py::arg("pipelined") = false, py::arg("n_layer") = 32,
-          py::arg("bandit") = true, py::arg("seed") = 1,
+          py::arg("bandit") = false, py::arg("seed") = 1,
           "A controller over [{'strategy', 'quality', 'ratio', 'encode_gbps', 'decode_gbps'}] ('none' is added).")
       .def("decide", &PyController::Decide, py::arg("kv_bytes"), py::arg("bandwidth_gbps"), py::arg("slo"),
            py::arg("floor") = 0.97, py::arg("label") = "chat", py::kw_only(), py::arg("model_seconds") = 0.0,
            py::arg("confidence") = 1.0, py::arg("prompt_tokens") = 0,
            "Picks a strategy for moving kv_bytes of fp16 KV over a bandwidth_gbps link within slo seconds at "
            "relative accuracy >= floor; the Decision explains why.")
-      .def("observe", &PyController::Observe, py::arg("decision"), py::arg("observed_seconds"),
-           "Feeds back the transfer time a decision took (moving average and bandit).")
+      .def("observe", &PyController::Observe, py::arg("decision"), py::arg("observed_seconds"), py::kw_only(),
+           py::arg("encode_seconds") = 0.0, py::arg("decode_seconds") = 0.0,
+           "Feeds back the transfer time a decision took and, where measured, its encode and decode times "
+           "(the live codec speeds every strategy is then planned with; 0: not measured).")
       .def_property_readonly("strategies", &PyController::Strategies);
 
   py::class_<PyConnection>(m, "Connection", "A kvserve TCP connection: typed messages (kind, body).")

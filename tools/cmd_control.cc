@@ -62,7 +62,7 @@ void AddControlCommands(CLI::App& app) {
     f->Add(c);
     c->add_option("--trace", *trace, "bandwidth trace: CSV of time_s,gbps (bench/traces/)")->required();
     c->add_option("--workload", *workload, "requests: CSV of arrival_s,prompt_tokens,label,slo_ms,floor")->capture_default_str();
-    c->add_option("--policy", *policy, "adaptive | adaptive-ma | oracle | none | static:SPEC | all")->capture_default_str();
+    c->add_option("--policy", *policy, "adaptive | adaptive-bandit | adaptive-ma (KVServe's rule) | oracle | none | static:SPEC | all")->capture_default_str();
     c->add_option("--drift", *drifts, "injected mismatch, repeatable: codec:1.5@100 (codec 1.5x slower from t=100 s), link:2@100");
     c->add_option("--kv-bytes-per-token", sim->kv_bytes_per_token, "fp16 KV bytes per prompt token (llama3-8b: 131072)")
         ->capture_default_str()->check(InRange(1, 1e9));
@@ -81,7 +81,7 @@ void AddControlCommands(CLI::App& app) {
       const std::vector<StrategyCost> strategies = StrategiesFromProfile(p);
       std::vector<std::string> policies;
       if (*policy == "all") {
-        policies = {"adaptive", "adaptive-ma", "oracle", "none"};
+        policies = {"adaptive", "adaptive-bandit", "adaptive-ma", "oracle", "none"};
         for (const StrategyCost& s : strategies) policies.push_back("static:" + s.spec);
       } else {
         policies = {*policy};

@@ -4,6 +4,7 @@
 // trace-driven simulator that compares policies.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -99,6 +100,16 @@ struct Request {
 // choice is predicted through the queue it joins, so it also accounts for work queued ahead.
 struct QueueState {
   double encode_wait = 0, link_wait = 0, decode_wait = 0;
+  // Requests at each resource (queued or in progress): under a backlog as many are expected to
+  // queue behind this one as are ahead of it now, and each waits out this one's turn there.
+  uint32_t encode_jobs = 0, link_jobs = 0, decode_jobs = 0;
+};
+
+// What a decided request's codec stages took, measured where they ran (seconds of the stage's
+// own work, no queueing): the prefill or pool node times its encode, the decode node its decode
+// and reports it back. 0: not measured.
+struct StageTimes {
+  double encode_s = 0, decode_s = 0;
 };
 
 enum class DropReason : uint8_t { kKept = 0, kFloor, kNoGain, kCooldown };
@@ -108,6 +119,9 @@ struct CandidateNote {
   uint32_t strategy = 0;
   DropReason reason = DropReason::kKept;
   double predicted_seconds = 0;  // kept ones: model + queue + codec + transfer, residual-corrected
+  // What the choice minimises: predicted_seconds plus (queue_aware) the delay its turn at each
+  // backlogged resource adds to the requests expected behind it.
+  double cost = 0;
 };
 
 struct Decision {
@@ -116,17 +130,40 @@ struct Decision {
   bool meets_slo = false;
   bool explored = false;         // the bandit chose other than the predicted best
   double bandwidth_Bps = 0, confidence = 0, floor = 0;
+  QueueState queues;                 // what the decision saw queued
+  double encode_speed = 1, decode_speed = 1;  // live over profiled codec speed it planned with
   std::vector<CandidateNote> notes;  // one per strategy
 };
 
 struct ControllerOptions {
   bool pipelined = false;     // predict with the layer-streamed form
   uint32_t n_layer = 32;      // chunks of the pipelined form
-  bool moving_average = true; // (a) residual correction per strategy
+  // Live codec speeds: the encode and decode speeds every strategy is planned with are its
+  // profiled ones times one factor per stage, learned (EWMA of log(measured / profiled speed), weight
+  // speed_alpha) from whatever strategy ran: a contended or slower CPU slows every strategy alike,
+  // so one request's timing corrects them all, and no strategy keeps a stale correction it
+  // cannot shed because it is no longer chosen.
+  bool live_speeds = true;
+  double speed_alpha = 0.3;
+  // Requests with less KV than this teach the speeds nothing: their stage time is fixed costs
+  // (threads waking, frame set-up), not throughput (as the bandwidth estimator's small transfers).
+  double min_speed_sample_bytes = 4 << 20;
+  // Queue-aware choice: minimise own latency plus, at each resource with a backlog, this
+  // request's time there times the requests seen there (docs/CONTROLLER.md, "Queues").
+  bool queue_aware = true;
+  // (a) KVServe's residual correction per strategy: an EWMA of log(observed / predicted) of the
+  // whole latency. Off by default: the live speeds correct the codec, the estimator the link, and
+  // a per-strategy residual learned from a few early requests outlives the reason for it on the
+  // strategies no longer chosen (docs/CONTROLLER.md). `KvServeRule()` turns it on.
+  bool moving_average = false;
   uint32_t ma_window = 8;     // requests averaged (as an EWMA of weight 2/(window+1))
   uint32_t cooldown_after = 3;     // SLO violations in a row that put a strategy in cooldown
   uint32_t cooldown_requests = 30; // decisions it then sits out
-  bool bandit = true;         // (b) discounted Thompson sampling among the top-k
+  // A violation counts towards the cooldown only where the request took more than this much
+  // longer than predicted: an SLO missed by a request predicted just inside it is the model's
+  // rounding, not a strategy gone bad (KVServe's rule counts every one: 0).
+  double cooldown_margin = 0.1;
+  bool bandit = false;        // (b) discounted Thompson sampling among the top-k (policy adaptive-bandit)
   uint32_t top_k = 3;
   double discount = 0.9;      // per observation of the arm, of older evidence
   double prior_sd = 0.1;      // of the log correction of an untried arm
@@ -134,6 +171,17 @@ struct ControllerOptions {
   uint64_t seed = 1;
   // Label floors: a request's floor is max(its own, its label's). `retrieval` needs more.
   std::vector<std::pair<std::string, double>> label_floors = {{"retrieval", 0.99}};
+
+  // The KVServe artifact's online rule, kept to compare against (policy adaptive-ma): profiled
+  // speeds, a residual EWMA per strategy, cooldown after every unforeseen SLO miss, no queue term.
+  static ControllerOptions KvServeRule() {
+    ControllerOptions o;
+    o.live_speeds = false;
+    o.queue_aware = false;
+    o.moving_average = true;
+    o.cooldown_margin = 0;
+    return o;
+  }
 };
 
 // Not thread-safe: Decide and Observe update the bandit and the moving averages. A server shares
@@ -153,12 +201,18 @@ class Controller {
   void Decide(const Request& r, double bandwidth_Bps, double confidence, const QueueState& q, Decision* out);
   // Prediction for one strategy, before correction (seconds, including model time and queueing).
   double Predict(uint32_t strategy, const Request& r, double bandwidth_Bps, const QueueState& q) const;
-  // Reports the observed latency of a decided request (seconds, same span as the prediction).
-  void Observe(const Decision& d, const Request& r, double observed_seconds);
+  // The delay a choice adds to the requests expected behind it (0 without backlog or queue_aware).
+  double QueueCost(uint32_t strategy, const Request& r, double bandwidth_Bps, const QueueState& q) const;
+  // Reports the observed latency of a decided request (seconds, same span as the prediction) and,
+  // where measured, its stage times (live_speeds).
+  void Observe(const Decision& d, const Request& r, double observed_seconds, const StageTimes& stages = {});
   // One line a person can read.
   std::string Explain(const Request& r, const Decision& d) const;
   bool InCooldown(uint32_t strategy) const { return state_[strategy].cooldown_left > 0; }
   double Correction(uint32_t strategy) const;  // multiplicative, from the moving average
+  // Measured over profiled codec speed (live_speeds; 1 until a stage time is observed).
+  double EncodeSpeedFactor() const { return std::exp(log_speed_[0]); }
+  double DecodeSpeedFactor() const { return std::exp(log_speed_[1]); }
 
  private:
   struct ArmState {
@@ -170,6 +224,8 @@ class Controller {
   std::vector<StrategyCost> s_;
   ControllerOptions o_;
   std::vector<ArmState> state_;
+  double log_speed_[2] = {0, 0};  // encode, decode: log(measured / profiled speed)
+  bool has_speed_[2] = {false, false};
   uint64_t rng_ = 0;
   double Uniform();
   double Normal();

@@ -81,14 +81,26 @@ double Controller::Predict(uint32_t i, const Request& r, double bw, const QueueS
   const StrategyCost& s = s_[i];
   const double v = r.kv_bytes, ready = r.model_seconds;
   if (s.none()) return std::max(ready, q.link_wait) + v / bw;
+  StrategyCost live = s;
+  live.encode_Bps *= EncodeSpeedFactor();
+  live.decode_Bps *= DecodeSpeedFactor();
   if (o_.pipelined) {
     const double start = std::max({ready, q.encode_wait, q.link_wait, q.decode_wait});
-    return start + LatencyModel::Pipelined(s, v, bw, o_.n_layer);
+    return start + LatencyModel::Pipelined(live, v, bw, o_.n_layer);
   }
   // Sequential stages through three FIFO resources: encoder, link, decoder.
-  const double e_end = std::max(ready, q.encode_wait) + v / s.encode_Bps;
+  const double e_end = std::max(ready, q.encode_wait) + v / live.encode_Bps;
   const double l_end = std::max(e_end, q.link_wait) + v / (s.ratio * bw);
-  return std::max(l_end, q.decode_wait) + v / s.decode_Bps;
+  return std::max(l_end, q.decode_wait) + v / live.decode_Bps;
+}
+
+double Controller::QueueCost(uint32_t i, const Request& r, double bw, const QueueState& q) const {
+  if (!o_.queue_aware) return 0;
+  const StrategyCost& s = s_[i];
+  const double v = r.kv_bytes;
+  if (s.none()) return q.link_jobs * v / bw;
+  return q.link_jobs * v / (s.ratio * bw) + q.encode_jobs * v / (s.encode_Bps * EncodeSpeedFactor()) +
+         q.decode_jobs * v / (s.decode_Bps * DecodeSpeedFactor());
 }
 
 double Controller::Correction(uint32_t i) const {
@@ -103,13 +115,17 @@ void Controller::Decide(const Request& r, double bw, double confidence, const Qu
   d->confidence = confidence;
   d->floor = FloorFor(r);
   d->explored = false;
+  d->queues = q;
+  d->encode_speed = EncodeSpeedFactor();
+  d->decode_speed = DecodeSpeedFactor();
   uint32_t best = 0;
-  double best_t = INFINITY;
+  double best_cost = INFINITY;
   for (uint32_t i = 0; i < n; ++i) {
     CandidateNote& note = d->notes[i];
     note.strategy = i;
     note.reason = DropReason::kKept;
     note.predicted_seconds = 0;
+    note.cost = 0;
     const StrategyCost& s = s_[i];
     if (i != 0) {
       const double bstar = o_.pipelined ? LatencyModel::BreakEvenPipelined(s, o_.n_layer) : LatencyModel::BreakEvenSequential(s);
@@ -120,8 +136,10 @@ void Controller::Decide(const Request& r, double bw, double confidence, const Qu
     if (note.reason != DropReason::kKept) continue;
     const double raw = Predict(i, r, bw, q);
     note.predicted_seconds = r.model_seconds + (raw - r.model_seconds) * Correction(i);
-    if (note.predicted_seconds < best_t) best_t = note.predicted_seconds, best = i;
+    note.cost = note.predicted_seconds + QueueCost(i, r, bw, q);
+    if (note.cost < best_cost) best_cost = note.cost, best = i;
   }
+  const double best_t = d->notes[best].predicted_seconds;
   d->choice = best;
   d->predicted_seconds = best_t;
 
@@ -169,10 +187,20 @@ void Controller::Decide(const Request& r, double bw, double confidence, const Qu
     if (a.cooldown_left > 0) --a.cooldown_left;
 }
 
-void Controller::Observe(const Decision& d, const Request& r, double observed) {
+void Controller::Observe(const Decision& d, const Request& r, double observed, const StageTimes& stages) {
   const uint32_t i = d.choice;
   if (i >= s_.size()) return;
   ArmState& a = state_[i];
+  if (o_.live_speeds && !s_[i].none() && r.kv_bytes > 0 && r.kv_bytes >= o_.min_speed_sample_bytes) {
+    const double profiled[2] = {r.kv_bytes / s_[i].encode_Bps, r.kv_bytes / s_[i].decode_Bps};
+    const double measured[2] = {stages.encode_s, stages.decode_s};
+    for (int k = 0; k < 2; ++k) {
+      if (!(measured[k] > 0) || !std::isfinite(measured[k])) continue;
+      const double x = std::log(profiled[k] / measured[k]);
+      log_speed_[k] = has_speed_[k] ? (1 - o_.speed_alpha) * log_speed_[k] + o_.speed_alpha * x : x;
+      has_speed_[k] = true;
+    }
+  }
   // Residual of the service part (queue + codec + link), as a log ratio so that it carries over
   // between requests of different sizes.
   const double corr = Correction(i);
@@ -184,7 +212,8 @@ void Controller::Observe(const Decision& d, const Request& r, double observed) {
   a.w = o_.discount * a.w + 1;
   a.wsum = o_.discount * a.wsum + rho;
   // Cooldown only for violations the model did not foresee; none is never benched.
-  if (i != 0 && d.meets_slo && observed > r.slo_seconds) {
+  if (i != 0 && d.meets_slo && observed > r.slo_seconds &&
+      observed > d.notes[i].predicted_seconds * (1 + o_.cooldown_margin)) {
     if (++a.violations >= o_.cooldown_after) a.cooldown_left = o_.cooldown_requests, a.violations = 0;
   } else if (observed <= r.slo_seconds) {
     a.violations = 0;
@@ -203,11 +232,29 @@ std::string Controller::Explain(const Request& r, const Decision& d) const {
     if (n.reason == DropReason::kKept) kept.push_back(&n);
     else dropped[int(n.reason)]++;
   }
-  std::sort(kept.begin(), kept.end(), [](auto* a, auto* b) { return a->predicted_seconds < b->predicted_seconds; });
+  // Live codec speeds and queues, where they moved the plan.
+  if (std::abs(d.encode_speed - 1) > 0.05 || std::abs(d.decode_speed - 1) > 0.05) {
+    std::snprintf(buf, sizeof buf, "codec measured at %.2f× (encode) / %.2f× (decode) of profile; ", d.encode_speed,
+                  d.decode_speed);
+    out += buf;
+  }
+  const QueueState& q = d.queues;
+  const bool queued = o_.queue_aware && (q.link_jobs || q.encode_jobs || q.decode_jobs);
+  if (queued) {
+    std::snprintf(buf, sizeof buf, "queued: link %.2f s (%u), encode %.2f s (%u), decode %.2f s (%u)%s; ", q.link_wait,
+                  q.link_jobs, q.encode_wait, q.encode_jobs, q.decode_wait, q.decode_jobs,
+                  q.link_jobs && q.link_wait >= std::max(q.encode_wait, q.decode_wait) ? ": prefer ratio"
+                                                                                       : ": prefer codec speed");
+    out += buf;
+  }
+  std::sort(kept.begin(), kept.end(), [](auto* a, auto* b) { return a->cost < b->cost; });
   out += "kept " + std::to_string(kept.size()) + ":";
   for (size_t i = 0; i < kept.size() && i < 4; ++i) {
-    std::snprintf(buf, sizeof buf, " %s %.0f ms%s", s_[kept[i]->strategy].name.c_str(), kept[i]->predicted_seconds * 1e3,
-                  i + 1 < std::min<size_t>(kept.size(), 4) ? "," : "");
+    const double extra = kept[i]->cost - kept[i]->predicted_seconds;
+    char delay[48] = "";
+    if (queued && extra > 0) std::snprintf(delay, sizeof delay, " (+%.0f ms to those behind)", extra * 1e3);
+    std::snprintf(buf, sizeof buf, " %s %.0f ms%s%s", s_[kept[i]->strategy].name.c_str(), kept[i]->predicted_seconds * 1e3,
+                  delay, i + 1 < std::min<size_t>(kept.size(), 4) ? "," : "");
     out += buf;
   }
   if (kept.size() > 4) out += " …";

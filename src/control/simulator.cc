@@ -280,11 +280,17 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
   enum { kAdaptive, kNone, kOracle, kStatic } kind;
   uint32_t static_index = 0;
   if (policy == "adaptive") kind = kAdaptive;
-  else if (policy == "adaptive-ma") kind = kAdaptive, co.bandit = false;
+  else if (policy == "adaptive-bandit") kind = kAdaptive, co.bandit = true;
+  else if (policy == "adaptive-ma") {
+    kind = kAdaptive;
+    const ControllerOptions mine = co;
+    co = ControllerOptions::KvServeRule();
+    co.pipelined = mine.pipelined, co.n_layer = mine.n_layer, co.seed = mine.seed, co.label_floors = mine.label_floors;
+  }
   else if (policy == "none") kind = kNone;
   else if (policy == "oracle") kind = kOracle;
   else if (policy.rfind("static:", 0) == 0) kind = kStatic;
-  else return Status::InvalidArgument("policy '" + std::string(policy) + "': want adaptive, adaptive-ma, oracle, none or static:SPEC");
+  else return Status::InvalidArgument("policy '" + std::string(policy) + "': want adaptive, adaptive-bandit, adaptive-ma, oracle, none or static:SPEC");
 
   Controller ctl(strategies_in, co);
   const std::vector<StrategyCost>& s = ctl.strategies();
@@ -357,7 +363,15 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
     }
     std::sort(finished.begin(), finished.end());  // observed in arrival order
     if (kind == kAdaptive) {
-      for (size_t k : finished) ctl.Observe(jobs[k].decision, jobs[k].request, jobs[k].out.latency);
+      for (size_t k : finished) {
+        // The stages' own times, as the nodes measure them (in the layer-streamed form the three
+        // overlap and are not told apart).
+        const Outcome& po = jobs[k].out;
+        StageTimes st;
+        if (!o.controller.pipelined && !s[jobs[k].strategy].none())
+          st.encode_s = po.enc_end - po.enc_start, st.decode_s = po.done - po.dec_start;
+        ctl.Observe(jobs[k].decision, jobs[k].request, po.latency, st);
+      }
     }
     // What the sender sees of the transfer in progress: bytes acknowledged so far.
     QueueState seen;
@@ -385,6 +399,10 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
       const double head = dec_sum[dec_head + 1] - dec_sum[dec_head];
       seen.decode_wait = dec_sum.back() - dec_sum[dec_head + 1] + head * remaining(now, po.dec_start, po.done);
     }
+    // Requests at each resource: those not finished there (in progress or queued).
+    seen.link_jobs = uint32_t(jobs.size() - link_head);
+    seen.encode_jobs = seen.encode_wait > 0 ? uint32_t(codec_jobs.size() - enc_head) : 0;
+    seen.decode_jobs = seen.decode_wait > 0 ? uint32_t(codec_jobs.size() - dec_head) : 0;
     if (est.NeedsProbe(now)) est.AddThroughput(world.TrueBandwidth(now), now);  // a probe measures the link
 
     Request r;

@@ -277,8 +277,10 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req, const TokenSin
     const double now = serve_internal::NowSeconds();
     // What the link carried and how long the sends took: a throughput sample for the estimator.
     if (out.timings.wire_s > 0) estimator_.AddSample(double(out.wire_bytes), out.timings.wire_s, now);
+    // The encode this node timed and the decode the decode node reported: the live codec speeds.
     if (choice.adaptive) controller_->Observe(choice.decision, choice.request,
-                                              out.timings.queue_s + out.timings.prefill_s + out.timings.transfer_s);
+                                              out.timings.queue_s + out.timings.prefill_s + out.timings.transfer_s,
+                                              StageTimes{out.timings.encode_s, out.timings.decode_s});
   }
   return out;
 }

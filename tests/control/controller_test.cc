@@ -123,7 +123,7 @@ TEST(Controller, QueuedWorkIsPartOfThePrediction) {
 }
 
 TEST(Controller, MovingAverageCorrectsADriftedStrategy) {
-  Controller c(Strategies(), NoBandit());
+  Controller c(Strategies(), ControllerOptions::KvServeRule());
   const Request r = Req();
   Decision d;
   c.Decide(r, 0.5e9, 1, {}, &d);
@@ -166,6 +166,130 @@ TEST(Controller, BanditFindsAnUnderratedStrategyThatTheMovingAverageNeverTries) 
     if (bandit) EXPECT_GE(underrated_last20, 16);
     else EXPECT_EQ(underrated_last20, 0);
   }
+}
+
+// Two strategies of quality 0.99 that trade ratio for codec speed (decode twice encode's).
+struct Sketch {
+  const char* name;
+  double ratio, encode_Bps;
+};
+std::vector<StrategyCost> TwoStrategies(Sketch a, Sketch b) {
+  return {{"quant(kbits=2,vbits=2)|rans", a.name, 0.99, a.ratio, a.encode_Bps, 2 * a.encode_Bps},
+          {"quant(kbits=4,vbits=4)", b.name, 0.99, b.ratio, b.encode_Bps, 2 * b.encode_Bps}};
+}
+std::string ChoiceName(Controller& c, const Request& r, double bw, const QueueState& q, Decision* d) {
+  c.Decide(r, bw, 1, q, d);
+  return c.strategies()[d->choice].name;
+}
+
+// Drift injection on the live speeds: the codec runs 3x slower than profiled. One request's
+// measured stage times correct every strategy's speed (the choice moves from the slow-codec,
+// high-ratio strategy to the one that needs less codec work), and the explanation says so.
+TEST(Controller, LiveStageSpeedsChangeTheChoiceWhenTheCodecIsSlowed) {
+  // On a 0.5 GB/s link: "ratio" wins on profiled speeds (0.50 s against 0.62), "light" once the
+  // codec is 3x slower (1.00 s against 0.72).
+  const std::vector<StrategyCost> s = TwoStrategies({"ratio", 8.0, 6e9}, {"light", 3.5, 30e9});
+  Controller c(s, NoBandit());
+  const Request r = Req();
+  const double bw = 0.5e9;
+  Decision d;
+  ASSERT_EQ(ChoiceName(c, r, bw, {}, &d), "ratio");
+  const StrategyCost& chosen = c.strategies()[d.choice];
+  StageTimes slowed{3 * r.kv_bytes / chosen.encode_Bps, 3 * r.kv_bytes / chosen.decode_Bps};
+  c.Observe(d, r, d.predicted_seconds * 2, slowed);
+  EXPECT_NEAR(c.EncodeSpeedFactor(), 1.0 / 3, 1e-9);  // the first measurement is taken whole
+  EXPECT_NEAR(c.DecodeSpeedFactor(), 1.0 / 3, 1e-9);
+  Decision d2;
+  c.Decide(r, bw, 1, {}, &d2);
+  EXPECT_EQ(c.strategies()[d2.choice].name, "light");  // never run, corrected all the same
+  EXPECT_NEAR(d2.notes[d2.choice].predicted_seconds, c.Predict(d2.choice, r, bw, {}), 1e-12);
+  EXPECT_NEAR(c.Predict(d2.choice, r, bw, {}), 3 * 1e9 / 30e9 + 1e9 / (3.5 * bw) + 3 * 1e9 / 60e9, 1e-9);
+  const std::string why = c.Explain(r, d2);
+  EXPECT_NE(why.find("codec measured at 0.33× (encode) / 0.33× (decode) of profile"), std::string::npos) << why;
+  // Measurements at the profiled speed bring it back (EWMA).
+  for (int i = 0; i < 30; ++i) {
+    c.Decide(r, bw, 1, {}, &d2);
+    const StrategyCost& x = c.strategies()[d2.choice];
+    c.Observe(d2, r, d2.predicted_seconds, StageTimes{r.kv_bytes / x.encode_Bps, r.kv_bytes / x.decode_Bps});
+  }
+  EXPECT_NEAR(c.EncodeSpeedFactor(), 1.0, 0.01);
+  c.Decide(r, bw, 1, {}, &d2);
+  EXPECT_EQ(c.strategies()[d2.choice].name, "ratio");
+  // Without live speeds the same timings change nothing.
+  ControllerOptions off = NoBandit();
+  off.live_speeds = false;
+  Controller c2(s, off);
+  c2.Decide(r, bw, 1, {}, &d);
+  c2.Observe(d, r, d.predicted_seconds * 2, slowed);
+  EXPECT_EQ(c2.EncodeSpeedFactor(), 1.0);
+  c2.Decide(r, bw, 1, {}, &d2);
+  EXPECT_EQ(c2.strategies()[d2.choice].name, "ratio");
+  // Nor do small requests, whose stage times are fixed costs.
+  Controller c3(s, NoBandit());
+  Request small = r;
+  small.kv_bytes = 1 << 20;
+  c3.Decide(small, bw, 1, {}, &d);
+  c3.Observe(d, small, d.predicted_seconds * 2, StageTimes{1.0, 1.0});
+  EXPECT_EQ(c3.EncodeSpeedFactor(), 1.0);
+}
+
+// Under a link backlog each choice's link time also delays the requests queued behind it: the
+// queue-aware rule then takes the higher ratio, which a request alone (or the rule off) does not.
+TEST(Controller, QueueAwareRulePrefersRatioUnderALinkBacklogOnly) {
+  // Alone, "fast" finishes first (0.36 s against 0.70: less codec time); "dense" puts fewer bytes on
+  // the link. Behind 1.9 s of link backlog with 3 requests there: fast 2.21 s + 3 x 0.29 s for
+  // those behind, dense 2.27 s + 3 x 0.20 s.
+  const double bw = 1e9;
+  const Request r = Req();
+  const std::vector<StrategyCost> s = TwoStrategies({"dense", 5.0, 3e9}, {"fast", 3.5, 20e9});
+  Decision d;
+  Controller c(s, NoBandit());
+  ASSERT_EQ(ChoiceName(c, r, bw, {}, &d), "fast");
+  EXPECT_EQ(c.QueueCost(d.choice, r, bw, {}), 0.0);
+  QueueState backlog;
+  backlog.link_wait = 1.9;
+  backlog.link_jobs = 3;
+  c.Decide(r, bw, 1, backlog, &d);
+  EXPECT_EQ(c.strategies()[d.choice].name, "dense");
+  EXPECT_NEAR(d.notes[d.choice].cost - d.notes[d.choice].predicted_seconds, 3 * 1e9 / (5.0 * bw), 1e-12);
+  const std::string why = c.Explain(r, d);
+  EXPECT_NE(why.find("queued: link 1.90 s (3)"), std::string::npos) << why;
+  EXPECT_NE(why.find("prefer ratio"), std::string::npos) << why;
+  EXPECT_NE(why.find("to those behind"), std::string::npos) << why;
+  // A codec backlog instead favours the strategy with less codec work.
+  QueueState codec;
+  codec.encode_wait = 0.2;
+  codec.encode_jobs = 2;
+  c.Decide(r, bw, 1, codec, &d);
+  EXPECT_EQ(c.strategies()[d.choice].name, "fast");
+  // The rule off: own latency only, so the backlog (which every choice waits out alike) changes nothing.
+  ControllerOptions off = NoBandit();
+  off.queue_aware = false;
+  Controller c2(s, off);
+  c2.Decide(r, bw, 1, backlog, &d);
+  EXPECT_EQ(c2.strategies()[d.choice].name, "fast");
+}
+
+// An SLO missed narrowly by a request predicted just inside it is not a strategy gone bad.
+TEST(Controller, NarrowSloMissesDoNotCountTowardsCooldown) {
+  ControllerOptions o = NoBandit();
+  o.cooldown_after = 3;
+  Controller c(Strategies(), o);
+  Decision d;
+  c.Decide(Req(), 1e9, 1, {}, &d);
+  // An SLO 2% above the prediction, missed by 5%: inside the 10% margin.
+  const Request r = Req(0.95, d.predicted_seconds * 1.02);
+  const double within_margin = d.predicted_seconds * 1.05;
+  c.Decide(r, 1e9, 1, {}, &d);
+  ASSERT_TRUE(d.meets_slo);
+  for (int i = 0; i < 5; ++i) c.Observe(d, r, within_margin);
+  EXPECT_FALSE(c.InCooldown(d.choice));
+  ControllerOptions kv = ControllerOptions::KvServeRule();
+  kv.bandit = false;
+  Controller strict(Strategies(), kv);
+  strict.Decide(r, 1e9, 1, {}, &d);
+  for (int i = 0; i < 3; ++i) strict.Observe(d, r, within_margin);
+  EXPECT_TRUE(strict.InCooldown(d.choice));
 }
 
 TEST(Controller, ShortSpecLeavesOutDefaults) {

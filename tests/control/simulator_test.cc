@@ -4,6 +4,8 @@
 
 #include "kvserve/controller.h"
 #include "control/simulator.h"
+#include "kvserve/profile.h"
+#include "test_paths.h"
 
 namespace kvserve {
 namespace {
@@ -100,16 +102,44 @@ TEST(Simulator, AdaptiveMeetsFloorsAndBeatsStaticAndNone) {
   EXPECT_FALSE(Simulate(Strategies(), trace, w, "greedy", o).ok());
 }
 
-TEST(Simulator, BanditRecoversAfterCodecDrift) {
+// The codec turns 3x slower at t = 60 s: the live speeds (adaptive, adaptive-bandit) and the
+// residual moving average (adaptive-ma) each recover within 20 requests.
+TEST(Simulator, EveryAdaptivePolicyRecoversAfterCodecDrift) {
   const auto trace = ParseTrace("0,2\n").value();
   const auto w = Workload(160, 1.0);
   SimOptions o;
   o.drift = ParseDrift({"codec:3@60"}).value();
-  auto r = Simulate(Strategies(), trace, w, "adaptive", o);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_GE(r.value().recovery_requests, 0);
-  EXPECT_LE(r.value().recovery_requests, 20);
-  EXPECT_EQ(r.value().floor_violations, 0u);
+  for (const char* policy : {"adaptive", "adaptive-bandit", "adaptive-ma"}) {
+    auto r = Simulate(Strategies(), trace, w, policy, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_GE(r.value().recovery_requests, 0) << policy;
+    EXPECT_LE(r.value().recovery_requests, 20) << policy;
+    EXPECT_EQ(r.value().floor_violations, 0u) << policy;
+  }
+}
+
+// Issue 32's simulator goals as a regression check of the decision rule, on the shipped profile
+// and both shipped workloads over a reduced set of the shipped traces (the full grid, 3 workloads
+// x 8 traces x 3 drifts, is the benchmark: scripts/control_results.sh): adaptive within 2% of the
+// best static strategy and 5% of the per-request oracle, no floor violated. KVServe's rule
+// (adaptive-ma) is not held to it; on long prompts it trails by 4-6%.
+TEST(Simulator, AdaptiveMeetsTheGoalsOnTheShippedWorkloads) {
+  const std::vector<StrategyCost> s = StrategiesFromProfile(LoadProfile(SourceDir() + "/bench/profiles/default.json").value());
+  for (const char* workload : {"mixed", "long_prompt"}) {
+    const auto w = LoadWorkload(SourceDir() + "/bench/workloads/" + workload + ".csv").value();
+    for (const char* trace : {"steady_1gbps", "steady_10gbps", "step", "congestion"}) {
+      const auto t = LoadTrace(SourceDir() + "/bench/traces/" + trace + ".csv").value();
+      SCOPED_TRACE(std::string(workload) + " on " + trace);
+      SimOptions o;
+      auto run = [&](const std::string& policy) { return Simulate(s, t, w, policy, o).value(); };
+      const PolicyReport adaptive = run("adaptive"), oracle = run("oracle");
+      double best_static = run("none").mean_ms;
+      for (const StrategyCost& x : s) best_static = std::min(best_static, run("static:" + x.spec).mean_ms);
+      EXPECT_LE(adaptive.mean_ms, 1.02 * best_static);
+      EXPECT_LE(adaptive.mean_ms, 1.05 * oracle.mean_ms);
+      EXPECT_EQ(adaptive.floor_violations, 0u);
+    }
+  }
 }
 
 TEST(Simulator, ExplainsEveryDecision) {

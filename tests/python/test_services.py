@@ -31,6 +31,17 @@ def test_decide_explains_and_moves_with_bandwidth():
     low_floor = c.decide(kv_bytes, 1.0, 10.0, 0.85)
     assert low_floor.strategy.startswith("quant(kbits=2")
     c.observe(slow, slow.predicted_seconds * 1.1)
+    # The codec measured 3x slower than profiled: every strategy is planned slower from then on.
+    before = c.decide(kv_bytes, 1.0, 10.0, 0.97).predicted_seconds
+    chosen = next(s for s in c.strategies if s["strategy"] == slow.strategy)
+    enc = kv_bytes / (chosen["encode_gbps"] * 1e9 / 8)
+    dec = kv_bytes / (chosen["decode_gbps"] * 1e9 / 8)
+    c.observe(slow, slow.predicted_seconds * 2, encode_seconds=3 * enc, decode_seconds=3 * dec)
+    after = c.decide(kv_bytes, 1.0, 10.0, 0.97)
+    assert after.predicted_seconds > before
+    assert "codec measured at 0.33" in after.explanation
+    with pytest.raises(kvserve.InvalidArgument, match="encode_seconds"):
+        c.observe(slow, 1.0, encode_seconds=-1.0)
     with pytest.raises(kvserve.InvalidArgument, match="bandwidth_gbps"):
         c.decide(kv_bytes, 0.0, 1.0)
     with pytest.raises(kvserve.InvalidArgument, match="floor"):
