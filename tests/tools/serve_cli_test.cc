@@ -749,13 +749,14 @@ TEST(ServeCli, SyntheticShapeNodesBehindARouterMoveTheShapesBytes) {
 // The benchmark checks itself first: each policy's lone request against its parts. An overhead
 // the parts do not explain (a per-byte delay injected in the sender, above the link's own time
 // per byte) marks that policy's points invalid, names the stage, and fails the run; without it
-// the run passes. The tolerance is loosened to 25% here so a busy CI machine tests the check,
-// not its own noise.
+// the run passes. The tolerance is loosened to 50% here so a busy CI machine tests the check,
+// not its own noise (at 25% a lone uniform8 request measured 1.26x its parts once while the
+// Python suite ran beside it); the injected 12 ns per byte triples the 4 ns per byte of the link.
 TEST(ServeCli, CalibrationCatchesAnInjectedOverheadAndPassesWithoutIt) {
   // 1024 tokens (128 MiB uncompressed) at 2 Gbit/s: the wire dominates, so CPU contention from
   // tests running beside this one stays well inside the tolerance.
   const std::string run = "bench e2e --bandwidths 2 --requests 1 --repeats 1 --prompt-tokens 1024 --max-new 2 --static uniform8 "
-                          "--calibration-tolerance 0.25 --json 2>/dev/null";
+                          "--calibration-tolerance 0.5 --json 2>/dev/null";
   auto clean = kvserve::testing::Cli(run, "", 300);
   ASSERT_EQ(clean.code, 0) << clean.out;
   const json c = JsonIn(clean.out);
