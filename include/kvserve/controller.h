@@ -4,7 +4,6 @@
 // trace-driven simulator that compares policies.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -174,12 +173,15 @@ struct ControllerOptions {
 
   // The KVServe artifact's online rule, kept to compare against (policy adaptive-ma): profiled
   // speeds, a residual EWMA per strategy, cooldown after every unforeseen SLO miss, no queue term.
-  static ControllerOptions KvServeRule() {
-    ControllerOptions o;
+  // `base` supplies everything else (pipelined form, seed, label floors).
+  static ControllerOptions KvServeRule() { return KvServeRule(ControllerOptions{}); }
+  static ControllerOptions KvServeRule(ControllerOptions base) {
+    ControllerOptions o = std::move(base);
     o.live_speeds = false;
     o.queue_aware = false;
     o.moving_average = true;
     o.cooldown_margin = 0;
+    o.bandit = false;
     return o;
   }
 };
@@ -211,8 +213,8 @@ class Controller {
   bool InCooldown(uint32_t strategy) const { return state_[strategy].cooldown_left > 0; }
   double Correction(uint32_t strategy) const;  // multiplicative, from the moving average
   // Measured over profiled codec speed (live_speeds; 1 until a stage time is observed).
-  double EncodeSpeedFactor() const { return std::exp(log_speed_[0]); }
-  double DecodeSpeedFactor() const { return std::exp(log_speed_[1]); }
+  double EncodeSpeedFactor() const { return speed_[0]; }
+  double DecodeSpeedFactor() const { return speed_[1]; }
 
  private:
   struct ArmState {
@@ -224,7 +226,8 @@ class Controller {
   std::vector<StrategyCost> s_;
   ControllerOptions o_;
   std::vector<ArmState> state_;
-  double log_speed_[2] = {0, 0};  // encode, decode: log(measured / profiled speed)
+  double log_speed_[2] = {0, 0};  // encode, decode: log(measured / profiled speed), the EWMA
+  double speed_[2] = {1, 1};      // e^log_speed_, what predictions multiply by
   bool has_speed_[2] = {false, false};
   uint64_t rng_ = 0;
   double Uniform();

@@ -732,8 +732,9 @@ class RansStage final : public Stage {
       Lookup half_lookup;  // a metadata context is one run: its lookup is built where it is used
       if (run.half) half_lookup = lookup_for(c);
       const Lookup& t = run.half ? half_lookup : code_lookup[L.context_of[run.index]];
-      // A run is resumed only after DecodeRunPair, whose runs have one table for every channel,
-      // so the rest needs no channel offset.
+      // A run is resumed only after a pair: DecodeRunPair's runs have one table for every channel
+      // and DecodeRunPairLanes stops where its runs are back at channel 0, so the rest needs no
+      // channel offset.
       if (!rans::DecodeRun(states[cur.stream], RunOf(L, c, entries.data()), t.lanes, t.slots,
                            uint32_t(sym.size()) - cur.done, sym.data() + cur.done)) {
         errors[cur.stream] = Status::Corrupt("rans stream " + std::to_string(cur.stream) + " ends early");

@@ -455,6 +455,31 @@ bool DecodeRunScan(DecoderState& st, const Run& r, const uint32_t* lane_tables, 
   return j >= n || DecodeRunScalar(st, r, j, n, out);
 }
 
+// Two streams' states in four vectors (a's two, then b's) and their read positions, as the pair
+// decoders keep them in registers: loaded from the streams, renormalised group by group, stored back.
+struct PairStates {
+  __m512i x[4];
+  const uint8_t* pa;
+  const uint8_t* pb;
+  PairStates(const DecoderState& a, const DecoderState& b)
+      : x{_mm512_loadu_si512(a.x), _mm512_loadu_si512(a.x + 16), _mm512_loadu_si512(b.x), _mm512_loadu_si512(b.x + 16)},
+        pa(a.ptr), pb(b.ptr) {}
+  void Renormalize() {
+    rans::Renormalize(x[0], pa);
+    rans::Renormalize(x[1], pa);
+    rans::Renormalize(x[2], pb);
+    rans::Renormalize(x[3], pb);
+  }
+  void Store(DecoderState& a, DecoderState& b) const {
+    _mm512_storeu_si512(a.x, x[0]);
+    _mm512_storeu_si512(a.x + 16, x[1]);
+    _mm512_storeu_si512(b.x, x[2]);
+    _mm512_storeu_si512(b.x + 16, x[3]);
+    a.ptr = pa;
+    b.ptr = pb;
+  }
+};
+
 // DecodeRunPair with K bound rows (the stream with fewer pads with all ones, which never match).
 template <uint32_t K>
 uint32_t DecodeRunPairAvx512(DecoderState& a, const std::vector<uint32_t>& ta, uint8_t* out_a, DecoderState& b,
@@ -471,13 +496,11 @@ uint32_t DecodeRunPairAvx512(DecoderState& a, const std::vector<uint32_t>& ta, u
     }
   }
   const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1);
-  __m512i x[4] = {_mm512_loadu_si512(a.x), _mm512_loadu_si512(a.x + 16), _mm512_loadu_si512(b.x),
-                  _mm512_loadu_si512(b.x + 16)};
+  PairStates st(a, b);
+  __m512i* x = st.x;
   uint8_t* out[2] = {out_a, out_b};
-  const uint8_t* pa = a.ptr;
-  const uint8_t* pb = b.ptr;
   uint32_t j = 0;
-  for (; j < n && a.end - pa >= 2 * kLanes && b.end - pb >= 2 * kLanes; j += kLanes) {
+  for (; j < n && a.end - st.pa >= 2 * kLanes && b.end - st.pb >= 2 * kLanes; j += kLanes) {
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const int q = v / 2;
@@ -492,17 +515,9 @@ uint32_t DecodeRunPairAvx512(DecoderState& a, const std::vector<uint32_t>& ta, u
       }
       x[v] = DecodePacked(x[v], slot, e, out[q] + j + 16 * (v % 2));
     }
-    Renormalize(x[0], pa);
-    Renormalize(x[1], pa);
-    Renormalize(x[2], pb);
-    Renormalize(x[3], pb);
+    st.Renormalize();
   }
-  _mm512_storeu_si512(a.x, x[0]);
-  _mm512_storeu_si512(a.x + 16, x[1]);
-  _mm512_storeu_si512(b.x, x[2]);
-  _mm512_storeu_si512(b.x + 16, x[3]);
-  a.ptr = pa;
-  b.ptr = pb;
+  st.Store(a, b);
   return j;
 }
 
@@ -593,16 +608,14 @@ uint32_t DecodeRunPairLanesAvx512(DecoderState& a, const Run& ra, const uint32_t
   const uint32_t Ca = ra.table_stride == 0 ? 1 : ra.n_channel, Cb = rb.table_stride == 0 ? 1 : rb.n_channel;
   const bool blocks_a = Ca % 16 == 0, blocks_b = Cb % 16 == 0;
   const __m512i slot_mask = _mm512_set1_epi32(kProbScale - 1);
-  __m512i x[4] = {_mm512_loadu_si512(a.x), _mm512_loadu_si512(a.x + 16), _mm512_loadu_si512(b.x),
-                  _mm512_loadu_si512(b.x + 16)};
-  const uint8_t* pa = a.ptr;
-  const uint8_t* pb = b.ptr;
+  PairStates st(a, b);
+  __m512i* x = st.x;
   // A stretch of `period` symbols reads at most 2 bytes per state and group of kLanes.
   const ptrdiff_t need = ptrdiff_t(period / kLanes) * 2 * kLanes;
   uint32_t j = 0, ch_a = 0, ch_b = 0;  // channel of lane 0 (a multiple of 16 where blocks)
   auto rows = [](const uint32_t* lanes, bool blocks, uint32_t ch) { return lanes + (blocks ? size_t(ch / 16) * 256 : 0); };
   auto next = [](bool blocks, uint32_t ch, uint32_t C) { return blocks ? (ch + 16 == C ? 0 : ch + 16) : 0; };
-  for (; j < n && a.end - pa >= need && b.end - pb >= need;) {
+  for (; j < n && a.end - st.pa >= need && b.end - st.pb >= need;) {
     for (const uint32_t stretch_end = j + period; j < stretch_end; j += kLanes) {
       const uint32_t ch1_a = next(blocks_a, ch_a, Ca), ch1_b = next(blocks_b, ch_b, Cb);
       const uint32_t* t[4] = {rows(lanes_a, blocks_a, ch_a), rows(lanes_a, blocks_a, ch1_a), rows(lanes_b, blocks_b, ch_b),
@@ -613,20 +626,12 @@ uint32_t DecodeRunPairLanesAvx512(DecoderState& a, const Run& ra, const uint32_t
         const __m512i slot = _mm512_and_si512(x[v], slot_mask);
         x[v] = DecodePacked(x[v], slot, SearchRows16(t[v], PackedKey(slot)), out[v]);
       }
-      Renormalize(x[0], pa);
-      Renormalize(x[1], pa);
-      Renormalize(x[2], pb);
-      Renormalize(x[3], pb);
+      st.Renormalize();
       ch_a = next(blocks_a, ch1_a, Ca);
       ch_b = next(blocks_b, ch1_b, Cb);
     }
   }
-  _mm512_storeu_si512(a.x, x[0]);
-  _mm512_storeu_si512(a.x + 16, x[1]);
-  _mm512_storeu_si512(b.x, x[2]);
-  _mm512_storeu_si512(b.x + 16, x[3]);
-  a.ptr = pa;
-  b.ptr = pb;
+  st.Store(a, b);
   return j;
 }
 }  // namespace

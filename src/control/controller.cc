@@ -81,17 +81,16 @@ double Controller::Predict(uint32_t i, const Request& r, double bw, const QueueS
   const StrategyCost& s = s_[i];
   const double v = r.kv_bytes, ready = r.model_seconds;
   if (s.none()) return std::max(ready, q.link_wait) + v / bw;
-  StrategyCost live = s;
-  live.encode_Bps *= EncodeSpeedFactor();
-  live.decode_Bps *= DecodeSpeedFactor();
+  const double encode_Bps = s.encode_Bps * speed_[0], decode_Bps = s.decode_Bps * speed_[1];
   if (o_.pipelined) {
     const double start = std::max({ready, q.encode_wait, q.link_wait, q.decode_wait});
+    const StrategyCost live{{}, {}, s.quality, s.ratio, encode_Bps, decode_Bps};  // numbers only: no string copies
     return start + LatencyModel::Pipelined(live, v, bw, o_.n_layer);
   }
   // Sequential stages through three FIFO resources: encoder, link, decoder.
-  const double e_end = std::max(ready, q.encode_wait) + v / live.encode_Bps;
+  const double e_end = std::max(ready, q.encode_wait) + v / encode_Bps;
   const double l_end = std::max(e_end, q.link_wait) + v / (s.ratio * bw);
-  return std::max(l_end, q.decode_wait) + v / live.decode_Bps;
+  return std::max(l_end, q.decode_wait) + v / decode_Bps;
 }
 
 double Controller::QueueCost(uint32_t i, const Request& r, double bw, const QueueState& q) const {
@@ -99,8 +98,8 @@ double Controller::QueueCost(uint32_t i, const Request& r, double bw, const Queu
   const StrategyCost& s = s_[i];
   const double v = r.kv_bytes;
   if (s.none()) return q.link_jobs * v / bw;
-  return q.link_jobs * v / (s.ratio * bw) + q.encode_jobs * v / (s.encode_Bps * EncodeSpeedFactor()) +
-         q.decode_jobs * v / (s.decode_Bps * DecodeSpeedFactor());
+  return q.link_jobs * v / (s.ratio * bw) + q.encode_jobs * v / (s.encode_Bps * speed_[0]) +
+         q.decode_jobs * v / (s.decode_Bps * speed_[1]);
 }
 
 double Controller::Correction(uint32_t i) const {
@@ -199,6 +198,7 @@ void Controller::Observe(const Decision& d, const Request& r, double observed, c
       const double x = std::log(profiled[k] / measured[k]);
       log_speed_[k] = has_speed_[k] ? (1 - o_.speed_alpha) * log_speed_[k] + o_.speed_alpha * x : x;
       has_speed_[k] = true;
+      speed_[k] = std::exp(log_speed_[k]);
     }
   }
   // Residual of the service part (queue + codec + link), as a log ratio so that it carries over

@@ -281,12 +281,7 @@ Result<PolicyReport> Simulate(const std::vector<StrategyCost>& strategies_in, co
   uint32_t static_index = 0;
   if (policy == "adaptive") kind = kAdaptive;
   else if (policy == "adaptive-bandit") kind = kAdaptive, co.bandit = true;
-  else if (policy == "adaptive-ma") {
-    kind = kAdaptive;
-    const ControllerOptions mine = co;
-    co = ControllerOptions::KvServeRule();
-    co.pipelined = mine.pipelined, co.n_layer = mine.n_layer, co.seed = mine.seed, co.label_floors = mine.label_floors;
-  }
+  else if (policy == "adaptive-ma") kind = kAdaptive, co = ControllerOptions::KvServeRule(co);
   else if (policy == "none") kind = kNone;
   else if (policy == "oracle") kind = kOracle;
   else if (policy.rfind("static:", 0) == 0) kind = kStatic;

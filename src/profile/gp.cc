@@ -20,8 +20,8 @@ constexpr double kMinLogNoise = -18.4, kMaxLogNoise = 0.0;
 // Length scales' prior: median e (inputs are scaled to [0, 1]), so a priori a feature's whole
 // range moves quality by less than one correlation length. With 20 observations in some 25
 // dimensions, what one evaluation teaches (1-bit K fails) then carries to its neighbours (other
-// 1-bit strategies) instead of staying local; ehvi at 2% of the shipped grid 0.939 -> 0.952 (20 seeds) against
-// a median of 1 (docs/PROFILER.md).
+// 1-bit strategies) instead of staying local; ehvi at 2% of the shipped grid 0.939 -> 0.952
+// (20 seeds) against a median of 1 (docs/PROFILER.md).
 constexpr double kPriorLogLength = 1.0, kPriorLogLengthSd = 1.0;
 
 // Matérn-5/2 correlation at squared scaled distance r2.

@@ -166,6 +166,41 @@ std::vector<uint32_t> GaussianTable(int bits, double width) {
   return entries;
 }
 
+// Two random streams for the pair decoders, each also decoded alone by the scalar reference:
+// `pair` holds the starting states for the pair decoder, `ref` where the reference ended.
+struct TwoStreams {
+  std::vector<uint8_t> stream[2], out_ref[2], out_pair[2];
+  DecoderState ref[2], pair[2];
+  bool ok_ref[2];
+  // `short_second`: the second stream holds only n bytes, so it runs out before n symbols.
+  TwoStreams(std::mt19937& rng, const rans::Run* run, uint32_t n, bool short_second) {
+    for (int q = 0; q < 2; ++q) {
+      stream[q].resize(q == 1 && short_second ? n : n * 2 + 100);
+      for (auto& b : stream[q]) b = uint8_t(rng());
+      for (int l = 0; l < kLanes; ++l) ref[q].x[l] = kLow + rng() % ((1u << 31) - kLow);
+      ref[q].ptr = stream[q].data();
+      ref[q].end = stream[q].data() + stream[q].size();
+      pair[q] = ref[q];
+      out_ref[q].assign(n, 0);
+      out_pair[q].assign(n, 0);
+      ok_ref[q] = DecodeRunScalar(ref[q], run[q], 0, n, out_ref[q].data());
+    }
+  }
+  // Finishes each run alone from where the pair stopped (DecodeRun over `lanes`, or none) and
+  // checks symbols, read position and final states against the reference.
+  void FinishAndCompare(const rans::Run* run, const std::vector<uint32_t>* lanes, uint32_t n, uint32_t done,
+                        const std::string& what) {
+    for (int q = 0; q < 2; ++q) {
+      const bool ok = DecodeRun(pair[q], run[q], lanes ? lanes[q] : std::vector<uint32_t>{}, {}, n - done,
+                                out_pair[q].data() + done);
+      ASSERT_EQ(ok, ok_ref[q]) << what << " stream " << q;
+      ASSERT_EQ(out_pair[q], out_ref[q]) << what << " stream " << q;
+      ASSERT_EQ(pair[q].ptr, ref[q].ptr) << what << " stream " << q;
+      ASSERT_EQ(std::memcmp(pair[q].x, ref[q].x, sizeof(ref[q].x)), 0) << what << " stream " << q;
+    }
+  }
+};
+
 // Two streams in one loop against two scalar decodes: bucket tables of shared tables (random
 // ones, with absent symbols, and code-shaped ones), streams of different lengths so that the
 // pair stops early and DecodeRun finishes each run.
@@ -186,35 +221,15 @@ TEST_P(RansKernelTiers, PairDecodeMatchesTwoScalarDecodes) {
         continue;
       }
       const uint32_t n = kLanes * (30 + rng() % 20);
-      std::vector<uint8_t> stream[2];
-      DecoderState ref[2], pair[2];
-      std::vector<uint8_t> out_ref[2], out_pair[2];
-      bool ok_ref[2];
-      for (int q = 0; q < 2; ++q) {
-        // The second stream sometimes runs out before n symbols.
-        stream[q].resize(q == 1 && round % 2 ? n : n * 2 + 100);
-        for (auto& b : stream[q]) b = uint8_t(rng());
-        for (int l = 0; l < kLanes; ++l) ref[q].x[l] = kLow + rng() % ((1u << 31) - kLow);
-        ref[q].ptr = stream[q].data();
-        ref[q].end = stream[q].data() + stream[q].size();
-        pair[q] = ref[q];
-        out_ref[q].assign(n, 0);
-        out_pair[q].assign(n, 0);
-        ok_ref[q] = DecodeRunScalar(ref[q], run[q], 0, n, out_ref[q].data());
-      }
-      const uint32_t done = DecodeRunPair(pair[0], buckets[0], out_pair[0].data(), pair[1], buckets[1],
-                                          out_pair[1].data(), n);
+      TwoStreams t(rng, run, n, round % 2);  // the second stream sometimes runs out before n symbols
+      const uint32_t done = DecodeRunPair(t.pair[0], buckets[0], t.out_pair[0].data(), t.pair[1], buckets[1],
+                                          t.out_pair[1].data(), n);
       ASSERT_EQ(done % kLanes, 0u) << what;
       ASSERT_LE(done, n) << what;
       if (HaveSimdDecoder() && round % 2 == 0) EXPECT_EQ(done, n) << what;
       paired += done > 0;
-      for (int q = 0; q < 2; ++q) {
-        const bool ok = DecodeRun(pair[q], run[q], {}, {}, n - done, out_pair[q].data() + done);
-        ASSERT_EQ(ok, ok_ref[q]) << what << " stream " << q;
-        ASSERT_EQ(out_pair[q], out_ref[q]) << what << " stream " << q;
-        ASSERT_EQ(pair[q].ptr, ref[q].ptr) << what << " stream " << q;
-        ASSERT_EQ(std::memcmp(pair[q].x, ref[q].x, sizeof(ref[q].x)), 0) << what << " stream " << q;
-      }
+      t.FinishAndCompare(run, nullptr, n, done, what);
+      if (HasFatalFailure()) return;
     }
   }
   if (HaveSimdDecoder()) EXPECT_GT(paired, 20);
@@ -243,34 +258,15 @@ TEST_P(RansKernelTiers, PairLanesDecodeMatchesTwoScalarDecodes) {
       const uint32_t period = std::lcm(std::lcm(uint32_t(kLanes), ca), cb);
       const uint32_t n = period * (8 + rng() % 8) + kLanes * (rng() % 3);
       const std::string what = "channels " + std::to_string(ca) + "/" + std::to_string(cb) + " round " + std::to_string(round);
-      std::vector<uint8_t> stream[2];
-      DecoderState ref[2], pair[2];
-      std::vector<uint8_t> out_ref[2], out_pair[2];
-      bool ok_ref[2];
-      for (int q = 0; q < 2; ++q) {
-        stream[q].resize(q == 1 && round % 3 == 1 ? n : n * 2 + 100);  // the second sometimes runs out
-        for (auto& b : stream[q]) b = uint8_t(rng());
-        for (int l = 0; l < kLanes; ++l) ref[q].x[l] = kLow + rng() % ((1u << 31) - kLow);
-        ref[q].ptr = stream[q].data();
-        ref[q].end = stream[q].data() + stream[q].size();
-        pair[q] = ref[q];
-        out_ref[q].assign(n, 0);
-        out_pair[q].assign(n, 0);
-        ok_ref[q] = DecodeRunScalar(ref[q], run[q], 0, n, out_ref[q].data());
-      }
-      const uint32_t done = DecodeRunPairLanes(pair[0], run[0], lanes[0], out_pair[0].data(), pair[1], run[1], lanes[1],
-                                               out_pair[1].data(), n);
+      TwoStreams t(rng, run, n, round % 3 == 1);  // the second sometimes runs out
+      const uint32_t done = DecodeRunPairLanes(t.pair[0], run[0], lanes[0], t.out_pair[0].data(), t.pair[1], run[1],
+                                               lanes[1], t.out_pair[1].data(), n);
       ASSERT_EQ(done % period, 0u) << what;
       ASSERT_LE(done, n) << what;
       if (HaveSimdDecoder() && round % 3 != 1) EXPECT_EQ(done, n / period * period) << what;
       paired += done > 0;
-      for (int q = 0; q < 2; ++q) {
-        const bool ok = DecodeRun(pair[q], run[q], lanes[q], {}, n - done, out_pair[q].data() + done);
-        ASSERT_EQ(ok, ok_ref[q]) << what << " stream " << q;
-        ASSERT_EQ(out_pair[q], out_ref[q]) << what << " stream " << q;
-        ASSERT_EQ(pair[q].ptr, ref[q].ptr) << what << " stream " << q;
-        ASSERT_EQ(std::memcmp(pair[q].x, ref[q].x, sizeof(ref[q].x)), 0) << what << " stream " << q;
-      }
+      t.FinishAndCompare(run, lanes, n, done, what);
+      if (HasFatalFailure()) return;
     }
   }
   if (HaveSimdDecoder()) EXPECT_GT(paired, 20);
