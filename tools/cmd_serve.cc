@@ -212,6 +212,8 @@ class NodeHttp {
     f.metrics = [n, role = role_] { return n->metrics().Prometheus(role); };
     f.bandwidth_gbps = [n] { return n->bandwidth_estimate_gbps(); };
     f.latency_seconds = [n] { return n->link_latency_seconds(); };
+    f.codec_speed = [n] { return n->codec_speed_factors(); };
+    if constexpr (requires { n->pool_backend(); }) f.backend = n->pool_backend();
     server_.SetMaxBodyBytes(serve_internal::NodeBodyLimit(f.model));
     f.ready.store(true, std::memory_order_release);
     SayListening(role_, address_, port_);
@@ -302,6 +304,7 @@ struct PoolServeFlags {
   uint32_t chunk_tokens = kDefaultChunkTokens;
   uint64_t capacity_mib = 4096;
   double assume_gbps = 10, shape_gbps = 0;
+  bool no_probe = false;
   double load_delay_s = 0;  // test seam
   int threads = 1;
   HttpFlags http;
@@ -330,6 +333,7 @@ Status RunPoolServe(const PoolServeFlags& f) {
   o.policy = f.policy;
   o.profile = profile.get();
   o.assume_gbps = f.shape_gbps > 0 ? f.shape_gbps : f.assume_gbps;
+  o.probe = !f.no_probe;
   o.threads = Pool(f.threads);
   KV_ASSIGN_OR_RETURN(node, PoolNode::Create(o));
   for (uint32_t n : f.model.prepare_tokens) KV_RETURN_IF_ERROR(node->Prepare(n));
@@ -591,8 +595,10 @@ void AddServeCommands(CLI::App& app) {
     c->add_option("--profile", f->profile, "profile file for --policy adaptive");
     c->add_option("--chunk-tokens", f->chunk_tokens, "tokens per stored chunk")->capture_default_str()->check(InRange(1, 1 << 16));
     c->add_option("--capacity-mib", f->capacity_mib, "embedded pool capacity (LRU beyond)")->capture_default_str()->check(InRange(1, 1 << 24));
-    c->add_option("--assume-gbps", f->assume_gbps, "pool bandwidth assumed before the first fetch is measured")
+    c->add_option("--assume-gbps", f->assume_gbps, "pool bandwidth assumed before the first fetch (or probe) is measured")
         ->capture_default_str()->check(InRange(1e-6, 1e4));
+    c->add_flag("--no-probe", f->no_probe,
+                "adaptive: do not store, fetch and delete one chunk-sized value at start to measure the pool's GET throughput");
     c->add_option("--shape-gbps", f->shape_gbps, "pace pool traffic to this rate (in-process token bucket; 0: off)")
         ->capture_default_str()->check(InRange(0, 1e4));
     c->add_option("--threads", f->threads, "codec threads")->capture_default_str()->check(InRange(1, 256));

@@ -111,6 +111,44 @@ struct StageTimes {
   double encode_s = 0, decode_s = 0;
 };
 
+// ---- Live codec speeds ----------------------------------------------------------------------------
+// Measured over profiled codec speed, one factor per stage (encode, decode) shared by every
+// strategy: a contended or slower CPU slows every strategy alike, so one request's timing
+// corrects them all, and no strategy keeps a stale correction it cannot shed because it is no
+// longer chosen. Each factor is an EWMA (weight `alpha`) of log(measured / profiled speed).
+// Used by the controller (PD) and the pool node's fetch decision alike.
+struct LiveSpeedOptions {
+  double alpha = 0.3;
+  // Stages that coded less KV than this teach nothing: their time is fixed costs (threads
+  // waking, frame set-up), not throughput (as the bandwidth estimator's small transfers).
+  double min_sample_bytes = 4 << 20;
+};
+
+// Not thread-safe: one per node, updated and read under its lock.
+class LiveCodecSpeeds {
+ public:
+  explicit LiveCodecSpeeds(LiveSpeedOptions o = {}) : o_(o) {}
+  // Strategy `s` coded `bytes` of KV (counted as its profiled speeds count them) and its stages
+  // took `t` of their own work. none, small requests and unmeasured stages are ignored.
+  void Observe(const StrategyCost& s, double bytes, const StageTimes& t);
+  double encode() const { return factor_[0]; }  // live over profiled; 1 until measured
+  double decode() const { return factor_[1]; }
+  bool measured_encode() const { return has_[0]; }
+  bool measured_decode() const { return has_[1]; }
+  // `s` at the live speeds.
+  StrategyCost Apply(StrategyCost s) const {
+    s.encode_Bps *= factor_[0];
+    s.decode_Bps *= factor_[1];
+    return s;
+  }
+
+ private:
+  LiveSpeedOptions o_;
+  double log_factor_[2] = {0, 0};
+  double factor_[2] = {1, 1};  // e^log_factor_, what predictions multiply by
+  bool has_[2] = {false, false};
+};
+
 enum class DropReason : uint8_t { kKept = 0, kFloor, kNoGain, kCooldown };
 const char* DropReasonName(DropReason r);
 
@@ -137,16 +175,10 @@ struct Decision {
 struct ControllerOptions {
   bool pipelined = false;     // predict with the layer-streamed form
   uint32_t n_layer = 32;      // chunks of the pipelined form
-  // Live codec speeds: the encode and decode speeds every strategy is planned with are its
-  // profiled ones times one factor per stage, learned (EWMA of log(measured / profiled speed), weight
-  // speed_alpha) from whatever strategy ran: a contended or slower CPU slows every strategy alike,
-  // so one request's timing corrects them all, and no strategy keeps a stale correction it
-  // cannot shed because it is no longer chosen.
+  // Live codec speeds (LiveCodecSpeeds): every strategy is planned with its profiled encode and
+  // decode speeds times one measured factor per stage.
   bool live_speeds = true;
-  double speed_alpha = 0.3;
-  // Requests with less KV than this teach the speeds nothing: their stage time is fixed costs
-  // (threads waking, frame set-up), not throughput (as the bandwidth estimator's small transfers).
-  double min_speed_sample_bytes = 4 << 20;
+  LiveSpeedOptions speeds;
   // Queue-aware choice: minimise own latency plus, at each resource with a backlog, this
   // request's time there times the requests seen there (docs/CONTROLLER.md, "Queues").
   bool queue_aware = true;
@@ -213,8 +245,8 @@ class Controller {
   bool InCooldown(uint32_t strategy) const { return state_[strategy].cooldown_left > 0; }
   double Correction(uint32_t strategy) const;  // multiplicative, from the moving average
   // Measured over profiled codec speed (live_speeds; 1 until a stage time is observed).
-  double EncodeSpeedFactor() const { return speed_[0]; }
-  double DecodeSpeedFactor() const { return speed_[1]; }
+  double EncodeSpeedFactor() const { return speeds_.encode(); }
+  double DecodeSpeedFactor() const { return speeds_.decode(); }
 
  private:
   struct ArmState {
@@ -226,9 +258,7 @@ class Controller {
   std::vector<StrategyCost> s_;
   ControllerOptions o_;
   std::vector<ArmState> state_;
-  double log_speed_[2] = {0, 0};  // encode, decode: log(measured / profiled speed), the EWMA
-  double speed_[2] = {1, 1};      // e^log_speed_, what predictions multiply by
-  bool has_speed_[2] = {false, false};
+  LiveCodecSpeeds speeds_;
   uint64_t rng_ = 0;
   double Uniform();
   double Normal();
@@ -240,7 +270,10 @@ class Controller {
 //   fetch s of c tokens: max(fetch(s, c), gpu_wait) + (n - c) / P
 //   recompute:           gpu_wait + n / P
 // with fetch(s, c) = max(V/(r B), V/Sd) + one chunk's min(V/(r B), V/Sd) (chunks are decoded while
-// the next is on the wire; nothing is encoded on this path), V = c * raw bytes per token.
+// the next is on the wire; nothing is encoded on this path), V = c * raw bytes per token. B and Sd
+// are live: B the node's measured GET throughput from its backend (a BandwidthEstimator over its
+// fetches, round trips and copies included), Sd the profiled decode speed times the node's
+// measured decode factor (LiveCodecSpeeds), the same for every copy.
 struct PoolOption {
   uint32_t strategy = 0;       // index into the strategies (0: none, the uncompressed copy)
   uint32_t cached_tokens = 0;  // leading prompt tokens the pool holds in that copy
@@ -252,9 +285,7 @@ struct PoolFetchRequest {
   double gpu_wait_s = 0;                // compute queued ahead of this request
   double floor = 0.97;
   uint32_t chunk_tokens = 256;
-  // Per strategy: observed / predicted fetch time of this node's past fetches (an EWMA, the
-  // online correction of profiled speeds); null or missing entries: 1.
-  const std::vector<double>* fetch_correction = nullptr;
+  double decode_speed = 1;  // live over profiled decode speed (LiveCodecSpeeds::decode())
 };
 struct PoolFetchDecision {
   int option = -1;               // index into the options; -1: recompute

@@ -3,6 +3,7 @@
 // node, which decodes each layer on arrival and generates. Nodes talk only through Transport.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <cstdint>
@@ -202,6 +203,8 @@ class PrefillNode {
   const NodeMetrics& metrics() const { return metrics_; }
   double bandwidth_estimate_gbps() const;
   double link_latency_seconds() const;  // the estimator's per-transfer latency (0 until measured)
+  // The controller's live over profiled codec speed, {encode, decode} (1 until measured).
+  std::array<double, 2> codec_speed_factors() const;
 
  private:
   PrefillNode(Transport* transport, PrefillNodeOptions opts);
@@ -247,7 +250,11 @@ struct PoolNodeOptions {
   double safe_floor = 0.99;
   // A request's floor is max(its own, its label's), as in the controller.
   std::vector<std::pair<std::string, double>> label_floors = ControllerOptions{}.label_floors;
-  double assume_gbps = 10;          // pool bandwidth before the first measured fetch
+  double assume_gbps = 10;          // pool bandwidth before the first measured fetch (or probe)
+  // Adaptive: at creation one value the size of a chunk's frame at ratio 4 (8 MiB for llama3-8b
+  // and 256-token chunks) is stored, fetched (timed) and deleted, a first measurement of the
+  // backend's GET throughput. Off: plan at assume_gbps until the first fetch.
+  bool probe = true;
   double prefill_tokens_per_second = 0;  // real model: for the decision (0: measured as it runs)
   ThreadPool* threads = nullptr;    // codec threads
 };
@@ -266,6 +273,9 @@ class PoolNode {
   const NodeMetrics& metrics() const { return metrics_; }
   double bandwidth_estimate_gbps() const;
   double link_latency_seconds() const;  // the estimator's per-fetch latency (0 until measured)
+  // Live over profiled codec speed, {encode, decode} (1 until measured; LiveCodecSpeeds).
+  std::array<double, 2> codec_speed_factors() const;
+  std::string pool_backend() const { return opts_.pool ? opts_.pool->name() : "none"; }
   // Strategy 0 is none; adaptive nodes have the profile's after it.
   const std::vector<StrategyCost>& strategies() const { return s_; }
 
@@ -273,15 +283,19 @@ class PoolNode {
   explicit PoolNode(PoolNodeOptions opts);
   struct Fetch;
   Status FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, serve_internal::ComputeSession* session, Fetch* out);
-  std::vector<size_t> StoreChoice(double floor) const;
+  Status ProbeBackend();
+  double PrefillTokensPerSecond() const;
+  std::vector<size_t> StoreChoice(double floor, uint32_t prefix_tokens, double tps, std::string* note) const;
   PoolNodeOptions opts_;
   std::vector<StrategyCost> s_;
   std::vector<size_t> candidates_;  // strategies looked up per request
   double bytes_per_token_ = 0;      // raw KV in the node's dtype
-  mutable std::mutex mu_;           // estimator_, measured prefill rate
-  BandwidthEstimator estimator_;
+  mutable std::mutex mu_;           // estimator_, speeds_, measured prefill rate
+  BandwidthEstimator estimator_;    // GET throughput from the pool's backend
+  LiveCodecSpeeds speeds_;          // decode (fetches) and encode (stores) over profiled speed
+  double last_get_sample_s_ = 0;    // when a fetch or probe last measured the backend
+  static constexpr double kReprobeSeconds = 30;  // adaptive: probe again after this long without one
   double measured_tps_ = 0;
-  std::vector<double> fetch_correction_;  // per strategy, observed / predicted fetch time (EWMA)
   std::mutex compute_mu_;           // one prompt computes at a time, as on one GPU
   std::atomic<uint64_t> queued_tokens_{0};
   NodeMetrics metrics_;

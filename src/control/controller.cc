@@ -48,7 +48,21 @@ std::vector<StrategyCost> StrategiesFromProfile(const Profile& p) {
   return out;
 }
 
-Controller::Controller(std::vector<StrategyCost> strategies, ControllerOptions opts) : o_(std::move(opts)) {
+void LiveCodecSpeeds::Observe(const StrategyCost& s, double bytes, const StageTimes& t) {
+  if (s.none() || !(bytes > 0) || bytes < o_.min_sample_bytes) return;
+  const double profiled[2] = {bytes / s.encode_Bps, bytes / s.decode_Bps};
+  const double measured[2] = {t.encode_s, t.decode_s};
+  for (int k = 0; k < 2; ++k) {
+    if (!(measured[k] > 0) || !std::isfinite(measured[k]) || !std::isfinite(profiled[k])) continue;
+    const double x = std::log(profiled[k] / measured[k]);
+    log_factor_[k] = has_[k] ? (1 - o_.alpha) * log_factor_[k] + o_.alpha * x : x;
+    has_[k] = true;
+    factor_[k] = std::exp(log_factor_[k]);
+  }
+}
+
+Controller::Controller(std::vector<StrategyCost> strategies, ControllerOptions opts)
+    : o_(std::move(opts)), speeds_(o_.speeds) {
   s_.push_back({"none", "none", 1.0, 1.0, 0, 0});
   for (StrategyCost& s : strategies) {
     if (s.none() || s.spec == "none") continue;
@@ -81,7 +95,7 @@ double Controller::Predict(uint32_t i, const Request& r, double bw, const QueueS
   const StrategyCost& s = s_[i];
   const double v = r.kv_bytes, ready = r.model_seconds;
   if (s.none()) return std::max(ready, q.link_wait) + v / bw;
-  const double encode_Bps = s.encode_Bps * speed_[0], decode_Bps = s.decode_Bps * speed_[1];
+  const double encode_Bps = s.encode_Bps * speeds_.encode(), decode_Bps = s.decode_Bps * speeds_.decode();
   if (o_.pipelined) {
     const double start = std::max({ready, q.encode_wait, q.link_wait, q.decode_wait});
     const StrategyCost live{{}, {}, s.quality, s.ratio, encode_Bps, decode_Bps};  // numbers only: no string copies
@@ -98,8 +112,8 @@ double Controller::QueueCost(uint32_t i, const Request& r, double bw, const Queu
   const StrategyCost& s = s_[i];
   const double v = r.kv_bytes;
   if (s.none()) return q.link_jobs * v / bw;
-  return q.link_jobs * v / (s.ratio * bw) + q.encode_jobs * v / (s.encode_Bps * speed_[0]) +
-         q.decode_jobs * v / (s.decode_Bps * speed_[1]);
+  return q.link_jobs * v / (s.ratio * bw) + q.encode_jobs * v / (s.encode_Bps * speeds_.encode()) +
+         q.decode_jobs * v / (s.decode_Bps * speeds_.decode());
 }
 
 double Controller::Correction(uint32_t i) const {
@@ -190,17 +204,7 @@ void Controller::Observe(const Decision& d, const Request& r, double observed, c
   const uint32_t i = d.choice;
   if (i >= s_.size()) return;
   ArmState& a = state_[i];
-  if (o_.live_speeds && !s_[i].none() && r.kv_bytes > 0 && r.kv_bytes >= o_.min_speed_sample_bytes) {
-    const double profiled[2] = {r.kv_bytes / s_[i].encode_Bps, r.kv_bytes / s_[i].decode_Bps};
-    const double measured[2] = {stages.encode_s, stages.decode_s};
-    for (int k = 0; k < 2; ++k) {
-      if (!(measured[k] > 0) || !std::isfinite(measured[k])) continue;
-      const double x = std::log(profiled[k] / measured[k]);
-      log_speed_[k] = has_speed_[k] ? (1 - o_.speed_alpha) * log_speed_[k] + o_.speed_alpha * x : x;
-      has_speed_[k] = true;
-      speed_[k] = std::exp(log_speed_[k]);
-    }
-  }
+  if (o_.live_speeds) speeds_.Observe(s_[i], r.kv_bytes, stages);
   // Residual of the service part (queue + codec + link), as a log ratio so that it carries over
   // between requests of different sizes.
   const double corr = Correction(i);

@@ -1,6 +1,7 @@
 // The pool fetch decision: fetch a stored copy of the prefix (and compute the suffix) or
 // recompute, from the latency model extended by the prefill time; explained in one line.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "kvserve/controller.h"
@@ -33,8 +34,8 @@ PoolFetchDecision DecidePoolFetch(const std::vector<StrategyCost>& strategies, c
     }
     const double bytes = double(o.cached_tokens) * r.kv_bytes_per_token;
     const uint32_t chunks = std::max<uint32_t>(1, o.cached_tokens / std::max<uint32_t>(1, r.chunk_tokens));
-    const double corr = r.fetch_correction && o.strategy < r.fetch_correction->size() ? (*r.fetch_correction)[o.strategy] : 1.0;
-    const double t = std::max(corr * PoolFetchSeconds(s, bytes, bandwidth_Bps, chunks), r.gpu_wait_s) +
+    StrategyCost live = {{}, {}, s.quality, s.ratio, s.encode_Bps, s.decode_Bps * r.decode_speed};  // numbers only
+    const double t = std::max(PoolFetchSeconds(live, bytes, bandwidth_Bps, chunks), r.gpu_wait_s) +
                      (r.prompt_tokens - std::min(r.prompt_tokens, o.cached_tokens)) / P;
     std::snprintf(b, sizeof b, "%s%s %.3f s", others.empty() ? "" : ", ", s.name.empty() ? s.spec.c_str() : s.name.c_str(), t);
     others += b;
@@ -50,8 +51,12 @@ PoolFetchDecision DecidePoolFetch(const std::vector<StrategyCost>& strategies, c
                   r.prompt_tokens - std::min(r.prompt_tokens, o.cached_tokens), d.predicted_seconds, d.recompute_seconds);
   }
   d.explanation = b;
-  std::snprintf(b, sizeof b, "; at %.2f Gbit/s, gpu wait %.3f s", bandwidth_Bps * 8 / 1e9, r.gpu_wait_s);
+  std::snprintf(b, sizeof b, "; pool GETs at %.2f Gbit/s, gpu wait %.3f s", bandwidth_Bps * 8 / 1e9, r.gpu_wait_s);
   d.explanation += b;
+  if (std::abs(r.decode_speed - 1) > 0.05) {
+    std::snprintf(b, sizeof b, ", decode measured at %.2f× of profile", r.decode_speed);
+    d.explanation += b;
+  }
   if (!others.empty()) d.explanation += "; options: " + others;
   if (below_floor) d.explanation += "; " + std::to_string(below_floor) + " stored copies below the floor " + std::to_string(r.floor).substr(0, 5);
   return d;

@@ -330,15 +330,23 @@ void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front) {
     const bool ready = f.ready.load(std::memory_order_acquire);
     std::string m = ready && f.metrics ? f.metrics() : "";
     m += fm->Prometheus(f.role);
+    const std::string labels = "node=\"" + f.role + "\"" + (f.backend.empty() ? "" : ",backend=\"" + f.backend + "\"");
     if (ready && f.bandwidth_gbps) {
-      m += "# HELP kvserve_bandwidth_estimate_gbps the estimator's current link bandwidth\n"
-           "# TYPE kvserve_bandwidth_estimate_gbps gauge\nkvserve_bandwidth_estimate_gbps{node=\"" + f.role + "\"} " +
+      m += "# HELP kvserve_bandwidth_estimate_gbps the estimator's current link bandwidth (pool nodes: GET throughput from the backend)\n"
+           "# TYPE kvserve_bandwidth_estimate_gbps gauge\nkvserve_bandwidth_estimate_gbps{" + labels + "} " +
            Num(f.bandwidth_gbps()) + "\n";
     }
     if (ready && f.latency_seconds) {
       m += "# HELP kvserve_link_latency_seconds the estimator's per-transfer latency, from transfers under 256 KiB\n"
-           "# TYPE kvserve_link_latency_seconds gauge\nkvserve_link_latency_seconds{node=\"" + f.role + "\"} " +
+           "# TYPE kvserve_link_latency_seconds gauge\nkvserve_link_latency_seconds{" + labels + "} " +
            Num(f.latency_seconds()) + "\n";
+    }
+    if (ready && f.codec_speed) {
+      const std::array<double, 2> v = f.codec_speed();
+      m += "# HELP kvserve_codec_speed_factor measured over profiled codec speed, per stage (1 until measured)\n"
+           "# TYPE kvserve_codec_speed_factor gauge\n"
+           "kvserve_codec_speed_factor{" + labels + ",stage=\"encode\"} " + Num(v[0]) + "\n"
+           "kvserve_codec_speed_factor{" + labels + ",stage=\"decode\"} " + Num(v[1]) + "\n";
     }
     ex.Reply(200, "text/plain; version=0.0.4", m);
   });

@@ -5,6 +5,7 @@
 // prefill nodes within each request's deadline and relays streams as they come.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -63,6 +64,8 @@ struct NodeFront {
   std::function<Result<ServeResponse>(const ServeRequest&, const TokenSink&)> serve;
   std::function<std::string()> metrics;          // the node's own counters (Prometheus text)
   std::function<double()> bandwidth_gbps, latency_seconds;
+  std::function<std::array<double, 2>()> codec_speed;  // live over profiled {encode, decode} speed
+  std::string backend;  // pool nodes: the pool's backend, a label on the link gauges
   std::function<void(const std::string&)> log;   // one JSON line per request; null: quiet
   // False while the node loads (its model, profile, prepared KV): /health answers 503 and the
   // APIs 503 "loading"; every field above is set before it turns true, and not after.

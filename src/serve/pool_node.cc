@@ -1,8 +1,12 @@
 // Pool node (KV disaggregation): finds a prompt's longest cached prefix in the pool, fetches it
 // (decoding each chunk while the next is on the wire) or recomputes when that is faster,
 // computes the suffix and generates; then stores the chunks the pool lacked.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "kvserve/codec.h"
@@ -57,7 +61,7 @@ Result<std::unique_ptr<PoolNode>> PoolNode::Create(PoolNodeOptions opts) {
       n->s_.push_back(c);
     }
     for (size_t i = 0; i < n->s_.size(); ++i) n->candidates_.push_back(i);
-    n->fetch_correction_.assign(n->s_.size(), 1.0);
+    if (o.probe) (void)n->ProbeBackend();  // a backend that is down now: assume_gbps until the first fetch
   } else if (o.policy != "recompute") {
     KV_ASSIGN_OR_RETURN(std::string spec, CanonicalStrategy(o.policy));
     KV_RETURN_IF_ERROR(Pipeline::Create(spec, o.env).status());
@@ -71,6 +75,43 @@ Result<std::unique_ptr<PoolNode>> PoolNode::Create(PoolNodeOptions opts) {
   return n;
 }
 
+// One value stored, fetched (timed and paced as a fetch is) and deleted, so the
+// first requests are planned at what this backend delivers rather than at assume_gbps: a Redis
+// that serves GETs at a fifth of the link's rate would otherwise cost the first hits of every
+// node a fetch slower than recomputing (docs/POOL.md).
+Status PoolNode::ProbeBackend() {
+  // A value of the size the fetches will GET: per-GET costs weigh as they will then.
+  const double chunk_frame = bytes_per_token_ * opts_.chunk_tokens / 4;
+  std::vector<uint8_t> value(size_t(std::clamp(chunk_frame, 256.0 * 1024, 64.0 * 1024 * 1024)));
+  uint64_t x = uint64_t(::getpid()) * 0x9E3779B97F4A7C15ull ^ uint64_t(Clock::now().time_since_epoch().count());
+  for (size_t i = 0; i < value.size(); i += 8) {  // incompressible, as frames nearly are
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::memcpy(value.data() + i, &x, std::min<size_t>(8, value.size() - i));
+  }
+  const std::string key = "kvserve:probe:" + std::to_string(x);
+  KV_RETURN_IF_ERROR(opts_.pool->Put(key, value));
+  const Clock::time_point w0 = Clock::now();
+  auto got = opts_.pool->Get(key, value.size());
+  if (got.ok() && got.value() && opts_.pool_link) opts_.pool_link->Take(got.value()->size(), w0);
+  const double seconds = Seconds(w0, Clock::now());
+  (void)opts_.pool->Delete(key);
+  KV_RETURN_IF_ERROR(got.status());
+  if (!got.value() || got.value()->size() != value.size()) return Status::Unavailable("pool probe value was not read back");
+  std::lock_guard<std::mutex> lock(mu_);
+  estimator_.AddSample(double(value.size()), seconds, serve_internal::NowSeconds());
+  last_get_sample_s_ = serve_internal::NowSeconds();
+  return Status::Ok();
+}
+
+// Modelled, configured, or measured as prompts run (1e4 until the first).
+double PoolNode::PrefillTokensPerSecond() const {
+  const double modelled = compute_->shape().modelled_prefill_tps;
+  if (modelled > 0) return modelled;
+  if (opts_.prefill_tokens_per_second > 0) return opts_.prefill_tokens_per_second;
+  std::lock_guard<std::mutex> lock(mu_);
+  return measured_tps_ > 0 ? measured_tps_ : 1e4;
+}
+
 double PoolNode::bandwidth_estimate_gbps() const {
   std::lock_guard<std::mutex> lock(mu_);
   return estimator_.has_estimate() ? estimator_.estimate() * 8 / 1e9 : opts_.assume_gbps;
@@ -81,6 +122,11 @@ double PoolNode::link_latency_seconds() const {
   return estimator_.latency_seconds();
 }
 
+std::array<double, 2> PoolNode::codec_speed_factors() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {speeds_.encode(), speeds_.decode()};
+}
+
 PoolNode::PoolNode(PoolNodeOptions opts) : opts_(std::move(opts)) {}
 PoolNode::~PoolNode() = default;
 
@@ -89,25 +135,49 @@ Status PoolNode::Prepare(uint32_t n_token) { return compute_->Prepare(n_token); 
 // The copies to store: the strategy fastest to fetch at the expected bandwidth among those at or
 // above the floor, plus the fastest at safe_floor when the first is below it (a stricter request
 // later still finds a copy it may use).
-std::vector<size_t> PoolNode::StoreChoice(double floor) const {
+//
+// Adaptive nodes store only copies a request would fetch: one whose fetch of this prefix is
+// predicted (at the live GET throughput and decode speed, as DecidePoolFetch predicts it) to take
+// more than kStoreMargin times recomputing the prefix is not stored. Such a copy costs an encode
+// of the whole prefix and its PUTs for nothing, and on a slow backend those stores (seconds of
+// Redis time for 512 MiB prompts) held up the lookups of the requests behind them: recomputing
+// every request, the adaptive node's TTFT was 1.19x the recompute policy's (e2e_pool_redis.md).
+std::vector<size_t> PoolNode::StoreChoice(double floor, uint32_t prefix_tokens, double tps, std::string* note) const {
   if (opts_.policy == "recompute") return {};
   if (opts_.policy != "adaptive") return {candidates_.front()};
-  const double bw = bandwidth_estimate_gbps() * 1e9 / 8;
-  const double bytes = bytes_per_token_ * opts_.chunk_tokens * 16;  // a typical prefix; the ranking barely depends on it
+  constexpr double kStoreMargin = 1.5;  // estimates move: keep copies that are nearly worth fetching
+  double bw;
+  std::vector<StrategyCost> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(serve_internal::NowSeconds()) : opts_.assume_gbps * 1e9 / 8;
+    live.reserve(s_.size());
+    for (const StrategyCost& s : s_) live.push_back(speeds_.Apply(s));
+  }
+  const double bytes = bytes_per_token_ * prefix_tokens;
+  const uint32_t chunks = std::max<uint32_t>(1, prefix_tokens / opts_.chunk_tokens);
   auto fastest = [&](double q) {
-    size_t best = 0;
-    double best_t = 1e300;
-    for (size_t i = 0; i < s_.size(); ++i) {
-      if (s_[i].quality < q) continue;
-      const double t = PoolFetchSeconds(s_[i], bytes, bw, 16);
-      if (t < best_t) best_t = t, best = i;
+    std::pair<size_t, double> best = {0, 1e300};
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (live[i].quality < q) continue;
+      const double t = PoolFetchSeconds(live[i], bytes, bw, chunks);
+      if (t < best.second) best = {i, t};
     }
     return best;
   };
-  std::vector<size_t> out = {fastest(floor)};
-  if (s_[out[0]].quality < opts_.safe_floor) {
-    const size_t safe = fastest(opts_.safe_floor);
-    if (safe != out[0]) out.push_back(safe);
+  const double recompute = prefix_tokens / std::max(1e-9, tps);
+  std::vector<size_t> out;
+  const auto first = fastest(floor);
+  if (first.second <= kStoreMargin * recompute) out.push_back(first.first);
+  if (s_[first.first].quality < opts_.safe_floor) {
+    const auto safe = fastest(opts_.safe_floor);
+    if (safe.first != first.first && safe.second <= kStoreMargin * recompute) out.push_back(safe.first);
+  }
+  if (out.empty() && note) {
+    char b[160];
+    std::snprintf(b, sizeof b, "; stored no copy: fetching the fastest (%.3f s) would lose to recomputing the prefix (%.3f s)",
+                  first.second, recompute);
+    *note = b;
   }
   return out;
 }
@@ -244,17 +314,9 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
     if (label == req.label) floor = std::max(floor, lf);
   int fetch_strategy = -1;
   size_t fetch_chunks = 0;
-  double planned_bw = 0;  // adaptive: the bandwidth the decision used
   bool any_present = false;
   for (size_t s : candidates) any_present |= present[s] > 0;
-  double tps;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const double modelled = compute_->shape().modelled_prefill_tps;
-    tps = modelled > 0 ? modelled
-          : opts_.prefill_tokens_per_second > 0 ? opts_.prefill_tokens_per_second
-          : measured_tps_ > 0 ? measured_tps_ : 1e4;
-  }
+  const double tps = PrefillTokensPerSecond();
   if (any_present) {
     if (opts_.policy == "adaptive") {
       std::vector<PoolOption> options;
@@ -268,15 +330,12 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
       r.floor = floor;
       r.chunk_tokens = opts_.chunk_tokens;
       double bw;
-      std::vector<double> correction;
       {
         std::lock_guard<std::mutex> lock(mu_);
         bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(serve_internal::NowSeconds()) : opts_.assume_gbps * 1e9 / 8;
-        correction = fetch_correction_;
+        r.decode_speed = speeds_.decode();
       }
-      r.fetch_correction = &correction;
       const PoolFetchDecision d = DecidePoolFetch(s_, options, r, bw);
-      planned_bw = bw;
       out.explanation = d.explanation;
       if (d.option >= 0) fetch_strategy = int(options[size_t(d.option)].strategy), fetch_chunks = present[size_t(fetch_strategy)];
     } else {
@@ -299,18 +358,15 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
     out.timings.decode_s = fetched.decode_s;
     if (!st.ok()) metrics_.pool_errors++;
     if (fetched.bytes > 0 && fetched.wire_s > 0) {
+      // Live speeds: the GETs' throughput from this backend (round trips and the client's copies
+      // included) and what decoding delivered here, for every later decision (DecidePoolFetch).
       std::lock_guard<std::mutex> lock(mu_);
       estimator_.AddSample(double(fetched.bytes), fetched.wire_s, serve_internal::NowSeconds());
-      // Online correction: how long this fetch took against what the profiled speeds predict
-      // (decode under concurrent requests and the pool's copies are slower than a profile run).
-      if (planned_bw > 0 && fetched.chunks > 0 && size_t(fetch_strategy) < fetch_correction_.size()) {
-        const double predicted = PoolFetchSeconds(s_[size_t(fetch_strategy)], fetched.chunks * opts_.chunk_tokens * bytes_per_token_,
-                                                  planned_bw, uint32_t(fetched.chunks));
-        if (predicted > 0) {
-          const double ratio = std::clamp(out.timings.fetch_s / predicted, 0.1, 100.0);
-          double& c = fetch_correction_[size_t(fetch_strategy)];
-          c = std::exp(0.7 * std::log(c) + 0.3 * std::log(ratio));
-        }
+      last_get_sample_s_ = serve_internal::NowSeconds();
+      if (opts_.policy == "adaptive") {
+        StageTimes t;
+        t.decode_s = fetched.decode_s;
+        speeds_.Observe(s_[size_t(fetch_strategy)], double(fetched.chunks) * opts_.chunk_tokens * bytes_per_token_, t);
       }
     }
     out.wire_bytes = fetched.bytes;
@@ -351,9 +407,12 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
   // is not exact either, so only a miss, a recompute or an uncompressed fetch stores. The
   // prompt's KV is taken before generation extends the cache.
   const bool exact = cached == 0 || s_[size_t(fetch_strategy)].none();
-  const std::vector<size_t> store = !(n_full > 0 && exact) ? std::vector<size_t>{}
-                                    : req.strategy.empty()  ? StoreChoice(floor)
-                                                            : candidates;
+  std::string store_note;
+  const std::vector<size_t> store =
+      !(n_full > 0 && exact) ? std::vector<size_t>{}
+      : req.strategy.empty() ? StoreChoice(floor, uint32_t(n_full * opts_.chunk_tokens), PrefillTokensPerSecond(), &store_note)
+                             : candidates;
+  out.explanation += store_note;
   if (!store.empty()) KV_RETURN_IF_ERROR(session->KeepPrefix(uint32_t(n_full * opts_.chunk_tokens)));
   const Clock::time_point g0 = Clock::now();
   KV_ASSIGN_OR_RETURN(out.tokens, session->Generate(first_token, req.max_new_tokens, req.sampling, on_token));
@@ -378,12 +437,17 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
     CodecOptions co;
     co.pool = opts_.threads;
     const KvBlock& src = *exact_kv;
+    StageTimes encoded;
+    size_t n_encoded = 0;
     for (size_t c = from; c < n_full; ++c) {
       KV_ASSIGN_OR_RETURN(KvBlock chunk, src.SliceTokens(uint32_t(c * opts_.chunk_tokens), opts_.chunk_tokens));
       ByteBuffer frame;
       const std::string key = PoolChunkKey(ko, chain, c, s_[s].spec);
       co.request_id = PoolValueTag(key);  // binds the value to its key: see FetchPrefix
+      const Clock::time_point e0 = Clock::now();
       KV_RETURN_IF_ERROR(pipeline.Encode(chunk, &frame, co));
+      encoded.encode_s += Seconds(e0, Clock::now());
+      n_encoded++;
       const Clock::time_point p0 = Clock::now();
       const Status st = opts_.pool->Put(key, frame);
       if (opts_.pool_link) opts_.pool_link->Take(frame.size(), p0);
@@ -393,9 +457,25 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
       }
       out.stored_bytes += frame.size();
     }
+    if (opts_.policy == "adaptive" && n_encoded > 0) {  // profiled speeds to compare with
+      std::lock_guard<std::mutex> lock(mu_);
+      speeds_.Observe(s_[s], double(n_encoded) * opts_.chunk_tokens * bytes_per_token_, encoded);
+    }
   }
   out.timings.store_s = Seconds(s0, Clock::now());
   metrics_.stored_bytes += out.stored_bytes;
+  // A node that no longer fetches (its backend measured too slow) measures it again now and then,
+  // after the answer is complete, so that a backend that recovers is fetched from again.
+  if (opts_.policy == "adaptive" && opts_.probe && opts_.pool) {
+    bool due;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const double now = serve_internal::NowSeconds();
+      due = now - last_get_sample_s_ > kReprobeSeconds;
+      if (due) last_get_sample_s_ = now;  // one probe at a time
+    }
+    if (due) (void)ProbeBackend();
+  }
   return out;
 }
 

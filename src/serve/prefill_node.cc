@@ -60,6 +60,12 @@ double PrefillNode::link_latency_seconds() const {
   return estimator_.latency_seconds();
 }
 
+std::array<double, 2> PrefillNode::codec_speed_factors() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!controller_) return {1, 1};
+  return {controller_->EncodeSpeedFactor(), controller_->DecodeSpeedFactor()};
+}
+
 PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes, double model_seconds) {
   Choice c;
   if (!req.strategy.empty() || controller_ == nullptr) {

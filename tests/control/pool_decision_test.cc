@@ -1,6 +1,9 @@
-// The pool fetch decision: fetch beats recompute on a fast link, recompute wins on a slow one,
-// copies below the floor are never chosen, and the explanation says what was weighed.
+// The pool fetch decision: fetch beats recompute on a fast link, recompute wins on a slow one or
+// a slow decoder, copies below the floor are never chosen, and the explanation says what was
+// weighed. The live codec speeds it plans with (LiveCodecSpeeds).
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "kvserve/controller.h"
 
@@ -49,6 +52,44 @@ TEST(PoolDecision, GpuQueueingFavoursFetchingWhichOverlapsIt) {
   const PoolFetchDecision d = DecidePoolFetch(kStrategies, {{0, 4096}}, r, 15e9 / 8);
   EXPECT_EQ(d.option, 0);  // the raw fetch (0.29 s) hides under the wait; only 64 tokens computed
   EXPECT_NEAR(d.predicted_seconds, 0.5 + 64 / 25000.0, 1e-6);
+}
+
+// The live decode factor: a decoder measured at a fifth of its profiled speed makes the q4
+// fetch (wire 0.08 s at 15 Gbit/s, decode 0.07 s profiled, 0.34 s measured) slower than the
+// 0.17 s recompute, and the explanation says what was measured.
+TEST(PoolDecision, AMeasuredSlowDecoderMovesTheChoiceToRecompute) {
+  const std::vector<PoolOption> options = {{1, 4096}};
+  PoolFetchRequest r = Req();
+  const PoolFetchDecision profiled = DecidePoolFetch(kStrategies, options, r, 15e9 / 8);
+  EXPECT_EQ(profiled.option, 0) << profiled.explanation;
+  EXPECT_EQ(profiled.explanation.find("decode measured"), std::string::npos) << profiled.explanation;
+  r.decode_speed = 0.2;
+  const PoolFetchDecision slowed = DecidePoolFetch(kStrategies, options, r, 15e9 / 8);
+  EXPECT_EQ(slowed.option, -1) << slowed.explanation;
+  EXPECT_NE(slowed.explanation.find("decode measured at 0.20× of profile"), std::string::npos) << slowed.explanation;
+  EXPECT_NE(slowed.explanation.find("pool GETs at 15.00 Gbit/s"), std::string::npos) << slowed.explanation;
+}
+
+// One factor per stage, from any strategy: the first measurement is taken whole, later ones
+// averaged in log space; none, small stages and unmeasured stages teach nothing.
+TEST(LiveCodecSpeeds, LearnsOneFactorPerStageFromWhateverRan) {
+  LiveCodecSpeeds live;
+  const StrategyCost& q4 = kStrategies[1];  // 3 GB/s encode, 8 GB/s decode
+  const double bytes = 64e6;
+  live.Observe(kStrategies[0], bytes, {1.0, 1.0});  // none: no codec
+  live.Observe(q4, 1e6, {1.0, 1.0});                // 1 MB: fixed costs, not speed
+  live.Observe(q4, bytes, {0, 0});                  // not measured
+  EXPECT_FALSE(live.measured_encode());
+  EXPECT_FALSE(live.measured_decode());
+  live.Observe(q4, bytes, {0, bytes / 4e9});  // decode at half its profiled 8 GB/s
+  EXPECT_FALSE(live.measured_encode());
+  EXPECT_NEAR(live.decode(), 0.5, 1e-9);
+  EXPECT_EQ(live.encode(), 1.0);
+  const StrategyCost applied = live.Apply(kStrategies[2]);
+  EXPECT_NEAR(applied.decode_Bps, 4e9, 1);
+  EXPECT_EQ(applied.encode_Bps, 3e9);
+  live.Observe(q4, bytes, {0, bytes / 8e9});  // back at full speed: EWMA of the logs, weight 0.3
+  EXPECT_NEAR(live.decode(), std::exp(0.7 * std::log(0.5)), 1e-9);
 }
 
 TEST(PoolDecision, FetchTimeOverlapsDecodeWithTheWire) {

@@ -45,14 +45,16 @@ std::string UncompressedChunkKey(const ServeRequest& r, size_t c) {
 }
 
 std::unique_ptr<PoolNode> Node(const LlamaModel& m, KvPool* pool, const std::string& policy, const Profile* profile = nullptr,
-                               double gbps = 10) {
+                               double gbps = 10, double prefill_tps = 0) {
   PoolNodeOptions o;
   o.model = &m;
   o.pool = pool;
   o.chunk_tokens = kChunk;
   o.policy = policy;
   o.profile = profile;
-  o.assume_gbps = gbps;
+  o.assume_gbps = gbps;  // these tests set the pool's speed by what the node assumes: no probe
+  o.probe = false;
+  o.prefill_tokens_per_second = prefill_tps;  // 0: measured as prompts run
   auto n = PoolNode::Create(o);
   EXPECT_TRUE(n.ok()) << n.status().ToString();
   return std::move(n).value();
@@ -114,11 +116,15 @@ TEST(PoolNode, TokenSelectingPoolStrategiesAreRefused) {
 TEST(PoolNode, AdaptiveFetchesACopyWithinTheFloorOrRecomputesWhenThatIsFaster) {
   const Profile profile = LoadProfile(SourceDir() + "/bench/profiles/default.json").value();
   auto pool = MakeEmbeddedPool();
-  // A slow pool link: the compressed copy is fetched.
-  auto slow = Node(Baby(), pool.get(), "adaptive", &profile, 0.05);
+  // A slow pool link: the compressed copy is fetched. (The prefill rate is fixed so that the
+  // decisions do not hang on how fast this machine ran the first prompt: recomputing the story's
+  // prefix takes tens of ms at 2000 tokens/s, fetching its ~30 KB copy at 0.05 Gbit/s a few.)
+  auto slow = Node(Baby(), pool.get(), "adaptive", &profile, 0.05, 2000);
   ServeRequest req = Req(Baby(), kStory, 8);
   req.floor = 0.99;
-  ASSERT_TRUE(slow->Serve(req).ok());  // miss: stores
+  auto stored = slow->Serve(req);  // miss: stores
+  ASSERT_TRUE(stored.ok());
+  EXPECT_GT(stored->stored_bytes, 0u) << stored->explanation;
   auto hit = slow->Serve(req);
   ASSERT_TRUE(hit.ok()) << hit.status().ToString();
   EXPECT_EQ(hit->pool_action, "fetch");
@@ -146,12 +152,90 @@ TEST(PoolNode, AdaptiveFetchesACopyWithinTheFloorOrRecomputesWhenThatIsFaster) {
   ASSERT_TRUE(rr.ok());
   for (const StrategyCost& c : slow->strategies()) if (c.spec == rr->strategy) EXPECT_GE(c.quality, 0.99) << c.spec;
   // A pool link so slow that fetching loses to computing the prompt: recompute, said so.
-  auto crawl = Node(Baby(), pool.get(), "adaptive", &profile, 1e-6);
+  auto crawl = Node(Baby(), pool.get(), "adaptive", &profile, 1e-6, 2000);
   auto r = crawl->Serve(req);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->pool_action, "recompute") << r->explanation;
   EXPECT_EQ(r->tokens, Local(Baby(), req));
   EXPECT_NE(r->explanation.find("recompute"), std::string::npos);
+}
+
+// A backend slower than the link the node assumes: every GET waits `delay_s` first.
+class SlowGetPool : public KvPool {
+ public:
+  SlowGetPool(KvPool* inner, double delay_s) : inner_(inner), delay_s_(delay_s) {}
+  std::string name() const override { return "slow"; }
+  Status Put(const std::string& k, std::span<const uint8_t> v) override { return inner_->Put(k, v); }
+  using KvPool::GetMany;
+  Result<std::vector<std::optional<ByteBuffer>>> GetMany(const std::vector<std::string>& keys, uint64_t max_value_bytes) override {
+    ::usleep(useconds_t(delay_s_ * 1e6));
+    return inner_->GetMany(keys, max_value_bytes);
+  }
+  Result<std::vector<bool>> ExistsMany(const std::vector<std::string>& k) override { return inner_->ExistsMany(k); }
+  Status Delete(const std::string& k) override { return inner_->Delete(k); }
+  Result<PoolStats> Stats() override { return inner_->Stats(); }
+  Status Clear() override { return inner_->Clear(); }
+
+ private:
+  KvPool* inner_;
+  double delay_s_;
+};
+
+// Item 5 of the service-aware controller: the fetch decision plans with what this node's
+// backend and decoder delivered, not with the link it was told about and the profile's speeds.
+// The node assumes 2 Gbit/s and fetches; its GETs take 30 ms a chunk (a backend far slower than
+// that); the next request recomputes, and says at what GET throughput it planned.
+TEST(PoolNode, AdaptivePlansWithTheMeasuredGetThroughputAndCodecSpeeds) {
+  const Profile profile = LoadProfile(SourceDir() + "/bench/profiles/default.json").value();
+  SyntheticModel sm;                  // llama3-8b shape: 128 KiB of KV a token
+  sm.prefill_tokens_per_second = 1000;  // recomputing 129 tokens: 0.13 s
+  auto inner = MakeEmbeddedPool();
+  SlowGetPool pool(inner.get(), 0.03);
+  PoolNodeOptions o;
+  o.synthetic = &sm;
+  o.pool = &pool;
+  o.chunk_tokens = kChunk;
+  o.profile = &profile;
+  o.assume_gbps = 2;
+  o.probe = false;  // learned from the fetches alone (the probe is below)
+  auto made = PoolNode::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  PoolNode& node = *made.value();
+  EXPECT_EQ(node.pool_backend(), "slow");
+  ServeRequest req;
+  req.prompt.assign(129, 7);  // 8 chunks of 16 tokens (16 MiB of KV) and the last token
+  req.max_new_tokens = 1;
+  ASSERT_TRUE(node.Prepare(129).ok());
+  auto miss = node.Serve(req);  // stores a compressed copy, its encode timed
+  ASSERT_TRUE(miss.ok()) << miss.status().ToString();
+  EXPECT_EQ(miss->pool_action, "miss");
+  EXPECT_GT(miss->stored_bytes, 0u);
+  EXPECT_NE(node.codec_speed_factors()[0], 1.0);  // measured
+  EXPECT_EQ(node.codec_speed_factors()[1], 1.0);  // nothing decoded yet
+  auto hit = node.Serve(req);  // planned at 2 Gbit/s: fetching wins
+  ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+  ASSERT_EQ(hit->pool_action, "fetch") << hit->explanation;
+  EXPECT_NE(hit->explanation.find("pool GETs at 2.00 Gbit/s"), std::string::npos) << hit->explanation;
+  EXPECT_NE(node.codec_speed_factors()[1], 1.0);
+  // 8 GETs of 30 ms each for a few MiB: well under 1 Gbit/s.
+  EXPECT_LT(node.bandwidth_estimate_gbps(), 1.0);
+  auto next = node.Serve(req);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->pool_action, "recompute") << next->explanation;
+  EXPECT_NE(next->explanation.find("pool GETs at 0."), std::string::npos) << next->explanation;
+  // With the probe (one value the size of a chunk's frame at ratio 4, here 512 KiB, stored,
+  // fetched and deleted at creation), a node that assumes 20 Gbit/s plans its first request at
+  // what the backend delivered (512 KiB in 30 ms and more): recompute from the start.
+  const uint64_t entries_before = inner->Stats()->entries;
+  o.assume_gbps = 20;
+  o.probe = true;
+  auto probed = PoolNode::Create(o);
+  ASSERT_TRUE(probed.ok()) << probed.status().ToString();
+  EXPECT_EQ(inner->Stats()->entries, entries_before);  // the probe's value is gone
+  EXPECT_LT(probed.value()->bandwidth_estimate_gbps(), 0.15);
+  auto first = probed.value()->Serve(req);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->pool_action, "recompute") << first->explanation;
 }
 
 // Deletes each key just before it is fetched, once armed: eviction between lookup and fetch.

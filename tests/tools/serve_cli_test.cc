@@ -173,6 +173,9 @@ TEST(ServeCli, RouterPrefillDecodeGiveLocalTextAndSurviveBadInput) {
     ASSERT_TRUE(metrics);
     EXPECT_NE(metrics->body.find("kvserve_requests_total{node=\"prefill\"} 2"), std::string::npos) << metrics->body;
     EXPECT_NE(metrics->body.find("kvserve_bandwidth_estimate_gbps"), std::string::npos);
+    // Live codec speeds: this model's KV is too small to measure them, so they stay at the profile's.
+    EXPECT_NE(metrics->body.find("kvserve_codec_speed_factor{node=\"prefill\",stage=\"decode\"} 1"), std::string::npos)
+        << metrics->body;
     // This model's few KB of KV a request are latency samples, not bandwidth ones.
     const std::string gauge = "kvserve_link_latency_seconds{node=\"prefill\"} ";
     const size_t at = metrics->body.find(gauge);
@@ -981,6 +984,11 @@ TEST(ServeCli, PoolNodeProcessFetchesTheSharedPrefixAndGivesLocalText) {
   auto metrics = m.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("kvserve_pool_hits_total{node=\"pool\"} 1"), std::string::npos) << metrics->body;
+  // The link gauges name the backend they measure.
+  EXPECT_NE(metrics->body.find("kvserve_bandwidth_estimate_gbps{node=\"pool\",backend=\"embedded\"}"), std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find("kvserve_codec_speed_factor{node=\"pool\",backend=\"embedded\",stage=\"decode\"}"),
+            std::string::npos) << metrics->body;
   auto unknown = kvserve::testing::Cli("serve pool -m stories260K --pool memcached://x:1 --listen 127.0.0.1:0");
   EXPECT_NE(unknown.code, 0);
   EXPECT_NE(unknown.out.find("memcached://x:1"), std::string::npos) << unknown.out;
