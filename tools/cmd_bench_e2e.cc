@@ -162,7 +162,9 @@ json CalibrationJson(const LoneRequestCheck& c) {
   for (const StageCheck& s : c.stages) stages[s.stage] = {{"measured_ms", s.measured_s * 1e3}, {"predicted_ms", s.predicted_s * 1e3}};
   json j = {{"gbps", c.gbps}, {"policy", c.policy}, {"strategy", c.strategy}, {"measured_ms", c.measured_s * 1e3},
             {"predicted_ms", c.predicted_s * 1e3}, {"ratio", c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0.0},
-            {"stages", stages}, {"valid", c.valid}};
+            {"stages", stages}, {"valid", c.valid},
+            {"transfer_parts", {{"encode_ms", c.encode_s * 1e3}, {"send_ms", c.send_s * 1e3}, {"decode_ms", c.decode_s * 1e3},
+                                {"wire_at_rate_ms", c.wire_at_rate_s * 1e3}}}};
   if (!c.valid) j["fault"] = c.fault;
   return j;
 }
@@ -201,6 +203,9 @@ void PrintCalibration(const std::vector<LoneRequestCheck>& checks, const char* p
     std::printf("  %g Gbit/s %-18s %8.1f ms measured, %8.1f predicted (%.2fx)%s%s\n", c.gbps, c.policy.c_str(), c.measured_s * 1e3,
                 c.predicted_s * 1e3, c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0.0, c.valid ? "" : "  OFF: ",
                 c.valid ? "" : c.fault.c_str());
+    if (!c.valid)
+      std::printf("    its transfer: encode %.1f ms, sends %.1f ms (its bytes at the rate %.1f), decode %.1f ms\n", c.encode_s * 1e3,
+                  c.send_s * 1e3, c.wire_at_rate_s * 1e3, c.decode_s * 1e3);
   }
 }
 

@@ -214,6 +214,7 @@ class NodeHttp {
     f.latency_seconds = [n] { return n->link_latency_seconds(); };
     f.codec_speed = [n] { return n->codec_speed_factors(); };
     if constexpr (requires { n->pool_backend(); }) f.backend = n->pool_backend();
+    if constexpr (requires { n->queues(); }) f.queues = [n] { return n->queues(); };
     server_.SetMaxBodyBytes(serve_internal::NodeBodyLimit(f.model));
     f.ready.store(true, std::memory_order_release);
     SayListening(role_, address_, port_);

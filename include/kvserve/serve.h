@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -199,25 +200,49 @@ class PrefillNode {
   // some is not handed to another decode node when its own fails (the client has them already).
   Result<ServeResponse> Serve(const ServeRequest& request, const TokenSink& on_token = nullptr);
   // With a synthetic model: makes the KV of an n_token prompt now, so that serving does not.
+  // Either way: frame buffers for such a prompt's largest per-layer frame, their pages faulted
+  // in, so that the first requests do not pay for fresh memory (on a VM a first touch can cost
+  // 50x a warm write: 0.35 against 20 GB/s on this project's machines).
   Status Prepare(uint32_t n_token);
   const NodeMetrics& metrics() const { return metrics_; }
   double bandwidth_estimate_gbps() const;
   double link_latency_seconds() const;  // the estimator's per-transfer latency (0 until measured)
   // The controller's live over profiled codec speed, {encode, decode} (1 until measured).
   std::array<double, 2> codec_speed_factors() const;
+  // What the transfers in flight have left, as a request whose KV is ready now finds it: seconds
+  // of link work (at the bandwidth estimate) and of encode work (at the live speeds of their
+  // strategies; 0 for strategies outside the profile), and how many transfers hold each. The
+  // adaptive rule decides through this (QueueState, docs/CONTROLLER.md "Queues").
+  QueueState queues() const;
 
  private:
   PrefillNode(Transport* transport, PrefillNodeOptions opts);
+  // One transfer in flight, as far as the queue-aware rule needs it. Its wire bytes are the
+  // strategy's profiled ratio until its first frame is encoded, then extrapolated from the frames
+  // encoded so far (every frame codes one layer, or one frame the whole request).
+  struct InFlight {
+    double kv_bytes = 0, wire_predicted = 0;
+    double encode_Bps = 0;  // profiled, per KV byte; 0: not known (a strategy outside the profile)
+    uint32_t n_frames = 1, frames_encoded = 0;
+    double wire_encoded = 0, wire_sent = 0;
+    double WireLeft() const;
+    double KvLeftToEncode() const { return kv_bytes * (1 - double(frames_encoded) / n_frames); }
+  };
   struct Choice {
     std::string spec;
     std::string explanation;
     Decision decision;
     Request request;
     bool adaptive = false;
+    uint64_t transfer = 0;  // its entry in in_flight_
   };
-  Choice Choose(const ServeRequest& req, double kv_bytes, double model_seconds);
+  // Decides and enters the transfer in flight under one lock, so concurrent decisions see each other.
+  Choice Choose(const ServeRequest& req, double kv_bytes, double model_seconds, uint32_t n_layer);
+  QueueState QueuesLocked(double bandwidth_Bps, double ready_seconds) const;  // mu_ held
+  void TransferEnded(uint64_t transfer);
   Status Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv, const std::vector<float>& scores,
-                  const std::string& spec, int first_token, const TokenSink& on_token, uint32_t* streamed, ServeResponse* out);
+                  const std::string& spec, uint64_t transfer, int first_token, const TokenSink& on_token,
+                  uint32_t* streamed, ServeResponse* out);
   // Frame buffers whose allocations the encoder reuses (pages already faulted in).
   ByteBuffer TakeFrameBuffer();
   void GiveFrameBuffer(ByteBuffer b);
@@ -226,8 +251,10 @@ class PrefillNode {
   std::mutex buffers_mu_;
   std::vector<ByteBuffer> buffers_;
   std::unique_ptr<Controller> controller_;
-  mutable std::mutex mu_;  // controller_, estimator_
+  mutable std::mutex mu_;  // controller_, estimator_, in_flight_, next_transfer_
   BandwidthEstimator estimator_;
+  std::map<uint64_t, InFlight> in_flight_;
+  uint64_t next_transfer_ = 0;
   std::atomic<uint64_t> next_peer_{0}, frames_sent_{0};
   NodeMetrics metrics_;
   std::unique_ptr<serve_internal::Compute> compute_;

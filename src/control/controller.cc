@@ -245,8 +245,11 @@ std::string Controller::Explain(const Request& r, const Decision& d) const {
   const QueueState& q = d.queues;
   const bool queued = o_.queue_aware && (q.link_jobs || q.encode_jobs || q.decode_jobs);
   if (queued) {
-    std::snprintf(buf, sizeof buf, "queued: link %.2f s (%u), encode %.2f s (%u), decode %.2f s (%u)%s; ", q.link_wait,
-                  q.link_jobs, q.encode_wait, q.encode_jobs, q.decode_wait, q.decode_jobs,
+    // Each wait as it delays this request: past the moment its KV is ready.
+    auto past_ready = [&](double wait) { return std::max(0.0, wait - r.model_seconds); };
+    std::snprintf(buf, sizeof buf, "queued: link %.2f s (%u), encode %.2f s (%u), decode %.2f s (%u)%s; ",
+                  past_ready(q.link_wait), q.link_jobs, past_ready(q.encode_wait), q.encode_jobs,
+                  past_ready(q.decode_wait), q.decode_jobs,
                   q.link_jobs && q.link_wait >= std::max(q.encode_wait, q.decode_wait) ? ": prefer ratio"
                                                                                        : ": prefer codec speed");
     out += buf;

@@ -46,6 +46,7 @@ LoneRequestCheck CheckLoneRequest(const ServeResponse& r, const SyntheticModel& 
               {"transfer", t.transfer_s, transfer_s},
               {"generate", t.generate_s, generate_s},
               {"other", other_s, 0}};
+  c.encode_s = t.encode_s, c.send_s = t.wire_s, c.decode_s = t.decode_s, c.wire_at_rate_s = wire_s;
   c.measured_s = t.total_s;
   c.predicted_s = prefill_s + transfer_s + generate_s;
   Judge(&c, tolerance);
@@ -67,6 +68,7 @@ LoneRequestCheck CheckLonePoolRequest(const ServeResponse& r, const SyntheticMod
               {"fetch", t.fetch_s, fetch_s},
               {"prefill", t.prefill_s, prefill_s},
               {"other", t.first_token_s - (t.queue_s + t.fetch_s + t.prefill_s), 0}};
+  c.decode_s = t.decode_s, c.wire_at_rate_s = wire_s;
   c.measured_s = t.first_token_s;
   c.predicted_s = fetch_s + prefill_s;
   Judge(&c, tolerance);

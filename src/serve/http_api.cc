@@ -348,6 +348,17 @@ void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front) {
            "kvserve_codec_speed_factor{" + labels + ",stage=\"encode\"} " + Num(v[0]) + "\n"
            "kvserve_codec_speed_factor{" + labels + ",stage=\"decode\"} " + Num(v[1]) + "\n";
     }
+    if (ready && f.queues) {
+      const QueueState q = f.queues();
+      m += "# HELP kvserve_queue_seconds work the transfers in flight have left, per resource (what the adaptive rule plans behind)\n"
+           "# TYPE kvserve_queue_seconds gauge\n"
+           "kvserve_queue_seconds{" + labels + ",resource=\"link\"} " + Num(q.link_wait) + "\n"
+           "kvserve_queue_seconds{" + labels + ",resource=\"encode\"} " + Num(q.encode_wait) + "\n"
+           "# HELP kvserve_queue_transfers transfers in flight holding each resource\n"
+           "# TYPE kvserve_queue_transfers gauge\n"
+           "kvserve_queue_transfers{" + labels + ",resource=\"link\"} " + std::to_string(q.link_jobs) + "\n"
+           "kvserve_queue_transfers{" + labels + ",resource=\"encode\"} " + std::to_string(q.encode_jobs) + "\n";
+    }
     ex.Reply(200, "text/plain; version=0.0.4", m);
   });
   server->SetFallback([](HttpExchange& ex) { ReplyOpenAiError(ex, NotFound(ex.request())); });

@@ -3,6 +3,7 @@
 // encodes while the previous one is on the wire.
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -22,7 +23,31 @@ using serve_internal::SendJson;
 using serve_internal::BoundedQueue;
 using FrameQueue = BoundedQueue<ByteBuffer>;
 
-Status PrefillNode::Prepare(uint32_t n_token) { return compute_->Prepare(n_token); }
+namespace {
+// Frame buffers a transfer holds at once: one encoding, two queued behind it, one on the wire.
+constexpr size_t kFramesPerTransfer = 4;
+// Kept for reuse across requests: enough for the transfers of a few concurrent requests.
+constexpr size_t kKeptFrames = 8;
+}  // namespace
+
+Status PrefillNode::Prepare(uint32_t n_token) {
+  KV_RETURN_IF_ERROR(compute_->Prepare(n_token));
+  const serve_internal::ComputeShape& s = compute_->shape();
+  // The largest per-layer frame: one layer's KV uncoded (`none`) and a header (positions and all).
+  const size_t frame_bytes = size_t(uint64_t{2} * s.n_head_kv * n_token * s.head_dim * DTypeSize(s.kv_dtype)) + (64 << 10);
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  for (size_t i = 0; i < kFramesPerTransfer; ++i) {
+    if (i == buffers_.size()) buffers_.emplace_back();
+    ByteBuffer& b = buffers_[i];
+    if (b.capacity() >= frame_bytes) continue;
+    b.clear();
+    b.shrink_to_fit();
+    b.resize(frame_bytes);
+    std::memset(b.data(), 0, b.size());  // the faults now
+    b.clear();  // capacity and resident pages kept
+  }
+  return Status::Ok();
+}
 
 PrefillNode::PrefillNode(Transport* transport, PrefillNodeOptions opts)
     : transport_(transport), opts_(std::move(opts)) {}
@@ -66,34 +91,83 @@ std::array<double, 2> PrefillNode::codec_speed_factors() const {
   return {controller_->EncodeSpeedFactor(), controller_->DecodeSpeedFactor()};
 }
 
-PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes, double model_seconds) {
+double PrefillNode::InFlight::WireLeft() const {
+  const double expected = frames_encoded ? wire_encoded * n_frames / frames_encoded : wire_predicted;
+  return std::max(0.0, expected - wire_sent);
+}
+
+QueueState PrefillNode::QueuesLocked(double bw, double ready) const {
+  // Transfers share the link and the CPU rather than queue in turn; counting their work as a
+  // queue ahead is what a newcomer's own bytes and codec time wait out either way.
+  QueueState q;
+  double link_bytes = 0, encode_s = 0;
+  const double encode_factor = controller_ ? controller_->EncodeSpeedFactor() : 1;
+  for (const auto& [id, t] : in_flight_) {
+    if (const double left = t.WireLeft(); left > 0) link_bytes += left, q.link_jobs++;
+    if (const double kv_left = t.KvLeftToEncode(); t.encode_Bps > 0 && kv_left > 0)
+      encode_s += kv_left / (t.encode_Bps * encode_factor), q.encode_jobs++;
+  }
+  // The decoder's backlog is the decode node's; it decodes each layer as it lands, so what it
+  // has left is about what the link has left (not counted twice).
+  if (q.link_jobs) q.link_wait = ready + link_bytes / bw;
+  if (q.encode_jobs) q.encode_wait = ready + encode_s;
+  return q;
+}
+
+QueueState PrefillNode::queues() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double now = serve_internal::NowSeconds();
+  return QueuesLocked(estimator_.has_estimate() ? estimator_.PlanningEstimate(now) : opts_.assume_gbps * 1e9 / 8, 0);
+}
+
+void PrefillNode::TransferEnded(uint64_t transfer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_flight_.erase(transfer);
+}
+
+PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes, double model_seconds, uint32_t n_layer) {
   Choice c;
+  InFlight t;
+  t.kv_bytes = kv_bytes;
+  t.wire_predicted = kv_bytes;
+  std::lock_guard<std::mutex> lock(mu_);
+  const StrategyCost* cost = nullptr;  // the chosen strategy's profiled costs, where known
   if (!req.strategy.empty() || controller_ == nullptr) {
     c.spec = req.strategy.empty() ? opts_.strategy : req.strategy;
     c.explanation = req.strategy.empty() ? "fixed strategy of this node" : "strategy given by the request";
-    return c;
+    if (controller_)
+      for (const StrategyCost& s : controller_->strategies())
+        if (s.spec == c.spec) cost = &s;
+  } else {
+    Request& r = c.request;
+    r.id = req.id;
+    r.label = req.label;
+    r.prompt_tokens = uint32_t(req.prompt.size());
+    r.kv_bytes = kv_bytes;
+    r.slo_seconds = req.slo_ms / 1e3;
+    r.floor = req.floor;
+    r.model_seconds = model_seconds;
+    const double now = serve_internal::NowSeconds();
+    const double bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(now) : opts_.assume_gbps * 1e9 / 8;
+    // The queues ahead: every transfer in flight (this one is not entered yet), from the moment
+    // its KV is ready, which is now.
+    controller_->Decide(r, bw, estimator_.has_estimate() ? estimator_.Confidence(now) : 0.0,
+                        QueuesLocked(bw, model_seconds), &c.decision);
+    cost = &controller_->strategies()[c.decision.choice];
+    c.spec = cost->spec;
+    c.explanation = controller_->Explain(r, c.decision);
+    c.adaptive = true;
   }
-  Request& r = c.request;
-  r.id = req.id;
-  r.label = req.label;
-  r.prompt_tokens = uint32_t(req.prompt.size());
-  r.kv_bytes = kv_bytes;
-  r.slo_seconds = req.slo_ms / 1e3;
-  r.floor = req.floor;
-  r.model_seconds = model_seconds;
-  std::lock_guard<std::mutex> lock(mu_);
-  const double now = serve_internal::NowSeconds();
-  const double bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(now) : opts_.assume_gbps * 1e9 / 8;
-  controller_->Decide(r, bw, estimator_.has_estimate() ? estimator_.Confidence(now) : 0.0, QueueState{}, &c.decision);
-  c.spec = controller_->strategies()[c.decision.choice].spec;
-  c.explanation = controller_->Explain(r, c.decision);
-  c.adaptive = true;
+  if (cost != nullptr && !cost->none()) t.wire_predicted = kv_bytes / cost->ratio, t.encode_Bps = cost->encode_Bps;
+  t.n_frames = TransferFrames(c.spec, n_layer);
+  c.transfer = next_transfer_++;
+  in_flight_.emplace(c.transfer, t);
   return c;
 }
 
 Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv,
-                             const std::vector<float>& scores, const std::string& spec, int first_token,
-                             const TokenSink& on_token, uint32_t* streamed, ServeResponse* out) {
+                             const std::vector<float>& scores, const std::string& spec, uint64_t transfer,
+                             int first_token, const TokenSink& on_token, uint32_t* streamed, ServeResponse* out) {
   const Clock::time_point deadline = DeadlineIn(opts_.request_timeout_s);
   const uint32_t n_layer = kv.shape().n_layer;
   KV_ASSIGN_OR_RETURN(Pipeline pipeline, Pipeline::Create(spec, opts_.env));
@@ -105,6 +179,21 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
   auto encode = [&](uint32_t frame, ByteBuffer* f) {
     return n_frames == n_layer ? pipeline.EncodeLayers(kv, frame, 1, f, co) : pipeline.Encode(kv, f, co);
   };
+  // Progress of this attempt, for the decisions of the requests behind it (queues()).
+  auto progress = [&](double encoded_bytes, double sent_bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = in_flight_.find(transfer);
+    if (it == in_flight_.end()) return;
+    if (encoded_bytes > 0) it->second.frames_encoded++, it->second.wire_encoded += encoded_bytes;
+    it->second.wire_sent += sent_bytes;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = in_flight_.find(transfer); it != in_flight_.end()) {
+      InFlight& t = it->second;
+      t.n_frames = n_frames, t.frames_encoded = 0, t.wire_encoded = 0, t.wire_sent = 0;  // a new attempt starts over
+    }
+  }
   KV_RETURN_IF_ERROR(SendJson(c, MessageKind::kRequest,
                               {{"id", req.id}, {"max_new_tokens", req.max_new_tokens}, {"first_token", first_token},
                                {"prompt_len", kv.shape().n_token}, {"stream", on_token != nullptr},
@@ -118,6 +207,7 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
     Status st = c->Send(MessageKind::kFrame, f, deadline);
     out->timings.wire_s += Seconds(w0, Clock::now());
     out->wire_bytes += f.size();
+    if (first_send) progress(0, double(f.size()));
     return st;
   };
   const Clock::time_point t0 = Clock::now();
@@ -131,6 +221,7 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
         const Clock::time_point e0 = Clock::now();
         KV_RETURN_IF_ERROR(encode(l, &f));
         encode_s += Seconds(e0, Clock::now());
+        progress(double(f.size()), 0);
         if (!queue.Push(std::move(f))) break;
       }
       return Status::Ok();
@@ -223,8 +314,7 @@ ByteBuffer PrefillNode::TakeFrameBuffer() {
 
 void PrefillNode::GiveFrameBuffer(ByteBuffer b) {
   std::lock_guard<std::mutex> lock(buffers_mu_);
-  // Enough for the encoder's queue and the frame on the wire of a few concurrent requests.
-  if (buffers_.size() < 8) buffers_.push_back(std::move(b));
+  if (buffers_.size() < kKeptFrames) buffers_.push_back(std::move(b));
 }
 
 Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req, const TokenSink& on_token) {
@@ -241,7 +331,12 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req, const TokenSin
   const int first_token = prefilled.first_token;
   metrics_.requests++;
   out.kv_bytes = kv->bytes();
-  const Choice choice = Choose(req, double(kv->bytes()), out.timings.queue_s + out.timings.prefill_s);
+  const Choice choice = Choose(req, double(kv->bytes()), out.timings.queue_s + out.timings.prefill_s, kv->shape().n_layer);
+  struct Ended {
+    PrefillNode* node;
+    uint64_t transfer;
+    ~Ended() { node->TransferEnded(transfer); }
+  } ended{this, choice.transfer};
   out.strategy = choice.spec;
   out.explanation = choice.explanation;
   // Decode peers in turn from a rotating start; one that cannot be reached, or that drops the
@@ -258,7 +353,8 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req, const TokenSin
       continue;
     }
     uint32_t streamed = 0;
-    last = Transfer(conn.value().get(), req, *kv, scores, choice.spec, first_token, on_token, &streamed, &attempt);
+    last = Transfer(conn.value().get(), req, *kv, scores, choice.spec, choice.transfer, first_token, on_token, &streamed,
+                    &attempt);
     conn.value()->Close();
     if (last.ok()) {
       out = std::move(attempt);

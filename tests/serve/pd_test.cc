@@ -1,7 +1,8 @@
 // PD serving in process, over loopback TCP: text with `none` equals local generation for both
 // shipped models; pipelined per-layer transfer gives what serial whole-block coding gives; a
 // corrupted frame is resent and the answer is still right; a dead or stalled decode node ends in
-// a clear error (or the next node) by the deadline; concurrent requests are answered once each.
+// a clear error (or the next node) by the deadline; concurrent requests are answered once each;
+// an adaptive decision sees the transfers in flight ahead of it.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <future>
 #include <set>
 #include <thread>
@@ -276,6 +278,105 @@ TEST_F(Pd, AdaptiveChoiceComesFromTheProfileWithItsExplanation) {
   for (const ProfileEntry& e : profile.pareto) in_profile = in_profile || e.spec == r->strategy;
   EXPECT_TRUE(in_profile) << r->strategy;
   EXPECT_EQ(r->tokens, LocalTokens(Baby(), req.prompt, 16, r->strategy));
+}
+
+// Holds every frame of the first connection it makes until Open(): that transfer stays in flight
+// (its frames encoded, none on the wire) for as long as a test needs.
+class HeldTransport : public Transport {
+ public:
+  explicit HeldTransport(Transport* inner) : inner_(inner) {}
+  std::string name() const override { return "held"; }
+  Result<std::unique_ptr<Listener>> Listen(const std::string& address) override { return inner_->Listen(address); }
+  Result<std::unique_ptr<Connection>> Connect(const std::string& address, Clock::time_point deadline) override {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, inner_->Connect(address, deadline));
+    return std::unique_ptr<Connection>(new Held(std::move(c), connections_++ == 0 ? this : nullptr));
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  class Held : public Connection {
+   public:
+    Held(std::unique_ptr<Connection> c, HeldTransport* gate) : c_(std::move(c)), gate_(gate) {}
+    Status Send(MessageKind kind, std::span<const uint8_t> body, Clock::time_point deadline) override {
+      if (gate_ != nullptr && kind == MessageKind::kFrame) {
+        std::unique_lock<std::mutex> lock(gate_->mu_);
+        gate_->cv_.wait(lock, [&] { return gate_->open_; });
+      }
+      return c_->Send(kind, body, deadline);
+    }
+    Result<Message> Receive(Clock::time_point deadline, ByteBuffer* storage) override { return c_->Receive(deadline, storage); }
+    void set_max_message_bytes(uint64_t bytes) override { c_->set_max_message_bytes(bytes); }
+    void Close() override { c_->Close(); }
+    std::string peer() const override { return c_->peer(); }
+
+   private:
+    std::unique_ptr<Connection> c_;
+    HeldTransport* gate_;
+  };
+  Transport* inner_;
+  std::atomic<int> connections_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// The adaptive rule decides behind the node's own transfers in flight (docs/CONTROLLER.md
+// "Queues"): a request arriving while another's KV waits for the link sees that link work, says
+// so, and picks at least the ratio it picks on an idle link.
+TEST_F(Pd, AdaptiveDecisionsSeeTheTransfersInFlight) {
+  StartDecodeNodes(Baby(), 1);
+  const Profile profile = LoadProfile(SourceDir() + "/bench/profiles/default.json").value();
+  HeldTransport held(transport_.get());
+  PrefillNodeOptions o;
+  o.model = &Baby();
+  o.decode_peers = peers_;
+  o.request_timeout_s = 20;
+  o.profile = &profile;
+  o.assume_gbps = 0.05;
+  auto prefill = PrefillNode::Create(&held, o).value();
+  auto idle = PrefillNode::Create(transport_.get(), o).value();
+  EXPECT_EQ(prefill->queues().link_jobs, 0u);
+
+  ServeRequest first = Req(Baby(), "Once upon a time, there was a little girl named Lily. She loved to play outside in the park", 4, 1);
+  first.strategy = "none";
+  auto pending = std::async(std::launch::async, [&] { return prefill->Serve(first); });
+  QueueState q;
+  for (int i = 0; i < 1000 && (q = prefill->queues()).link_jobs == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(q.link_jobs, 1u) << "the held transfer is in flight";
+  EXPECT_EQ(q.encode_jobs, 0u) << "none has no encode work";
+
+  ServeRequest second = Req(Baby(), "The little dog ran to the park and", 8, 2);
+  second.floor = 0.95;
+  auto behind = prefill->Serve(second);
+  ASSERT_TRUE(behind.ok()) << behind.status().ToString();
+  EXPECT_NE(behind->explanation.find("queued: link"), std::string::npos) << behind->explanation;
+  EXPECT_NE(behind->explanation.find("(1)"), std::string::npos) << behind->explanation;
+  EXPECT_EQ(behind->tokens, LocalTokens(Baby(), second.prompt, 8, behind->strategy));
+  auto alone = idle->Serve(second);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  EXPECT_EQ(alone->explanation.find("queued:"), std::string::npos) << alone->explanation;
+  auto ratio = [&](const std::string& spec) {
+    for (const ProfileEntry& e : profile.pareto)
+      if (e.spec == spec) return e.ratio;
+    return 1.0;
+  };
+  EXPECT_GE(ratio(behind->strategy), ratio(alone->strategy)) << behind->strategy << " vs " << alone->strategy;
+
+  held.Open();
+  auto r = pending.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // What was seen waiting is the held request's KV at the assumed rate (frame headers aside).
+  EXPECT_NEAR(q.link_wait, double(r->kv_bytes) / (o.assume_gbps * 1e9 / 8), 0.05 * q.link_wait);
+  const QueueState after = prefill->queues();
+  EXPECT_EQ(after.link_jobs + after.encode_jobs, 0u);
+  EXPECT_EQ(after.link_wait, 0.0);
 }
 
 TEST(ServeJson, MalformedRequestsAreRefusedWithTheReason) {

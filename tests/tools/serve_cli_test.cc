@@ -176,6 +176,11 @@ TEST(ServeCli, RouterPrefillDecodeGiveLocalTextAndSurviveBadInput) {
     // Live codec speeds: this model's KV is too small to measure them, so they stay at the profile's.
     EXPECT_NE(metrics->body.find("kvserve_codec_speed_factor{node=\"prefill\",stage=\"decode\"} 1"), std::string::npos)
         << metrics->body;
+    // Nothing in flight once the requests are answered: the queues the adaptive rule sees are empty.
+    EXPECT_NE(metrics->body.find("kvserve_queue_seconds{node=\"prefill\",resource=\"link\"} 0.0\n"), std::string::npos)
+        << metrics->body;
+    EXPECT_NE(metrics->body.find("kvserve_queue_transfers{node=\"prefill\",resource=\"encode\"} 0\n"), std::string::npos)
+        << metrics->body;
     // This model's few KB of KV a request are latency samples, not bandwidth ones.
     const std::string gauge = "kvserve_link_latency_seconds{node=\"prefill\"} ";
     const size_t at = metrics->body.find(gauge);
