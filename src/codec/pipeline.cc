@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 
 #include "codec/stage.h"
 #include "kvserve/codec.h"
@@ -22,6 +24,42 @@ std::vector<KvShape> LevelShapes(const std::vector<Stage*>& stages, const KvShap
 uint64_t MaxByteLevelSize(const KvShape& shape, size_t n_stages) {
   return 16 * shape.numel() + (uint64_t{1} << 20) * n_stages;
 }
+
+// A pipeline call's intermediate results: tensor and byte levels, two of each, alternating.
+struct Intermediates {
+  KvBlock tensors[2];
+  ByteBuffer bufs[2];
+};
+
+// Intermediates are kept between calls, pages and all: fresh memory costs page faults
+// comparable to the codec work itself (a first touch is ~50x a warm write on a VM). They are
+// lent from one small process-wide pool rather than kept per thread, because serving runs each
+// request's encode and decode on a thread of its own (the prefill node's encoder, the decode
+// node's connection), which would otherwise fault its intermediates in anew every request.
+class IntermediatesLease {
+ public:
+  IntermediatesLease() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_.empty()) {
+      held_ = std::move(free_.back());
+      free_.pop_back();
+    }
+    if (held_ == nullptr) held_ = std::make_unique<Intermediates>();
+  }
+  ~IntermediatesLease() {
+    std::lock_guard<std::mutex> lock(mu_);
+    // As many as calls run at once on a busy node; more would only hold memory.
+    if (free_.size() < 4) free_.push_back(std::move(held_));
+  }
+  IntermediatesLease(const IntermediatesLease&) = delete;
+  IntermediatesLease& operator=(const IntermediatesLease&) = delete;
+  Intermediates* operator->() { return held_.get(); }
+
+ private:
+  static inline std::mutex mu_;
+  static inline std::vector<std::unique_ptr<Intermediates>> free_;
+  std::unique_ptr<Intermediates> held_;
+};
 }  // namespace
 
 Pipeline::Pipeline() = default;
@@ -182,10 +220,9 @@ Status Pipeline::EncodeTagged(const KvBlock& block, uint32_t layer_begin, uint32
   StageInput in;
   in.tensor = &block;
   std::vector<uint32_t> kept;  // positions a selecting stage kept; later transforms need not carry them
-  // Intermediate results live in per-thread buffers that keep their pages between calls: fresh
-  // allocations cost page faults comparable to the codec work itself.
-  thread_local KvBlock tensors[2];
-  thread_local ByteBuffer bufs[2];
+  IntermediatesLease lease;
+  KvBlock* const tensors = lease->tensors;
+  ByteBuffer* const bufs = lease->bufs;
   std::vector<CodeSection> sections;
   for (size_t i = 0; i < stages_.size(); ++i) {
     const bool last = i + 1 == stages_.size();
@@ -296,8 +333,9 @@ Status Pipeline::DecodeView(const FrameView& v, KvBlock* out, const CodecOptions
   ctx.max_decoded_bytes = std::min<uint64_t>(opts.max_decoded_bytes, MaxByteLevelSize(shape, stages.size()));
   ctx.first_slab = uint64_t{v.header.layer_begin} * 2 * v.header.shape.n_head_kv;
   StageInput in;
-  thread_local KvBlock tensors[2];  // see Pipeline::Encode
-  thread_local ByteBuffer bufs[2];
+  IntermediatesLease lease;
+  KvBlock* const tensors = lease->tensors;
+  ByteBuffer* const bufs = lease->bufs;
   if (infos.back()->output == DataKind::kTensor) {
     if (v.payload.empty() || v.payload[0] > static_cast<uint8_t>(kLastDType)) {
       return Status::Corrupt("raw tensor payload has no valid dtype byte");
