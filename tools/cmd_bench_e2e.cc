@@ -203,9 +203,13 @@ void PrintCalibration(const std::vector<LoneRequestCheck>& checks, const char* p
     std::printf("  %g Gbit/s %-18s %8.1f ms measured, %8.1f predicted (%.2fx)%s%s\n", c.gbps, c.policy.c_str(), c.measured_s * 1e3,
                 c.predicted_s * 1e3, c.predicted_s > 0 ? c.measured_s / c.predicted_s : 0.0, c.valid ? "" : "  OFF: ",
                 c.valid ? "" : c.fault.c_str());
-    if (!c.valid)
+    if (c.valid) continue;
+    if (c.send_s > 0) {
       std::printf("    its transfer: encode %.1f ms, sends %.1f ms (its bytes at the rate %.1f), decode %.1f ms\n", c.encode_s * 1e3,
                   c.send_s * 1e3, c.wire_at_rate_s * 1e3, c.decode_s * 1e3);
+    } else {  // a pool hit: its fetches are timed as a whole (the fetch stage above)
+      std::printf("    its fetch: its bytes at the rate %.1f ms, decode %.1f ms\n", c.wire_at_rate_s * 1e3, c.decode_s * 1e3);
+    }
   }
 }
 

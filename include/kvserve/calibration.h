@@ -33,11 +33,11 @@ struct LoneRequestCheck {
   std::string policy, strategy;
   double measured_s = 0, predicted_s = 0;
   std::vector<StageCheck> stages;
-  // The transfer's parts (PD; pool: decode only), each summed over the request's frames: encode
-  // and decode as the nodes timed them, the time its sends took, and its bytes at the link rate.
-  // Sends longer than the bytes at the rate: the link (or the receiver) under-delivers; a
-  // transfer longer than its parts pipelined while the sends keep to the rate: the stages do not
-  // overlap as predicted.
+  // The transfer's parts, each summed over the request's frames: encode and decode as the nodes
+  // timed them, the time its sends took, and its bytes at the link rate (a pool hit: decode and
+  // the bytes at the rate). Sends longer than the bytes at the rate: the link (or the receiver)
+  // under-delivers; a transfer longer than its parts pipelined while the sends keep to the rate:
+  // the stages do not overlap as predicted.
   double encode_s = 0, send_s = 0, decode_s = 0, wire_at_rate_s = 0;
   bool valid = false;
   std::string fault;  // the stage furthest from its prediction, when not valid
