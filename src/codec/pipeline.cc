@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "codec/stage.h"
 #include "kvserve/codec.h"
@@ -48,8 +49,10 @@ class IntermediatesLease {
   }
   ~IntermediatesLease() {
     std::lock_guard<std::mutex> lock(mu_);
-    // As many as calls run at once on a busy node; more would only hold memory.
-    if (free_.size() < 4) free_.push_back(std::move(held_));
+    // As many as calls run at once (a thread pool's worth, or a busy node's transfers); more
+    // would only hold memory.
+    static const size_t kept = std::max<size_t>(4, std::thread::hardware_concurrency());
+    if (free_.size() < kept) free_.push_back(std::move(held_));
   }
   IntermediatesLease(const IntermediatesLease&) = delete;
   IntermediatesLease& operator=(const IntermediatesLease&) = delete;
