@@ -219,7 +219,8 @@ class PrefillNode {
   PrefillNode(Transport* transport, PrefillNodeOptions opts);
   // One transfer in flight, as far as the queue-aware rule needs it. Its wire bytes are the
   // strategy's profiled ratio until its first frame is encoded, then extrapolated from the frames
-  // encoded so far (every frame codes one layer, or one frame the whole request).
+  // encoded so far (every frame codes one layer, or one frame the whole request; each attempt
+  // sets n_frames and starts its counts over).
   struct InFlight {
     double kv_bytes = 0, wire_predicted = 0;
     double encode_Bps = 0;  // profiled, per KV byte; 0: not known (a strategy outside the profile)
@@ -237,7 +238,7 @@ class PrefillNode {
     uint64_t transfer = 0;  // its entry in in_flight_
   };
   // Decides and enters the transfer in flight under one lock, so concurrent decisions see each other.
-  Choice Choose(const ServeRequest& req, double kv_bytes, double model_seconds, uint32_t n_layer);
+  Choice Choose(const ServeRequest& req, double kv_bytes, double model_seconds);
   QueueState QueuesLocked(double bandwidth_Bps, double ready_seconds) const;  // mu_ held
   void TransferEnded(uint64_t transfer);
   Status Transfer(Connection* c, const ServeRequest& req, const KvBlock& kv, const std::vector<float>& scores,

@@ -31,11 +31,6 @@ bool SelectsTokens(const std::string& spec) {
   }
   return false;
 }
-// The GET throughput a decision plans with (bytes/s): the estimator's, or the assumed rate
-// before anything was measured.
-double PlanningBps(const BandwidthEstimator& e, double assume_gbps) {
-  return e.has_estimate() ? e.PlanningEstimate(serve_internal::NowSeconds()) : assume_gbps * 1e9 / 8;
-}
 }  // namespace
 
 struct PoolNode::Fetch {
@@ -155,7 +150,7 @@ std::vector<size_t> PoolNode::StoreChoice(double floor, uint32_t prefix_tokens, 
   std::vector<StrategyCost> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    bw = PlanningBps(estimator_, opts_.assume_gbps);
+    bw = serve_internal::PlanningBps(estimator_, opts_.assume_gbps);
     live.reserve(s_.size());
     for (const StrategyCost& s : s_) live.push_back(speeds_.Apply(s));
   }
@@ -337,7 +332,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
       double bw;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        bw = PlanningBps(estimator_, opts_.assume_gbps);
+        bw = serve_internal::PlanningBps(estimator_, opts_.assume_gbps);
         r.decode_speed = speeds_.decode();
       }
       const PoolFetchDecision d = DecidePoolFetch(s_, options, r, bw);

@@ -116,8 +116,7 @@ QueueState PrefillNode::QueuesLocked(double bw, double ready) const {
 
 QueueState PrefillNode::queues() const {
   std::lock_guard<std::mutex> lock(mu_);
-  const double now = serve_internal::NowSeconds();
-  return QueuesLocked(estimator_.has_estimate() ? estimator_.PlanningEstimate(now) : opts_.assume_gbps * 1e9 / 8, 0);
+  return QueuesLocked(serve_internal::PlanningBps(estimator_, opts_.assume_gbps), 0);
 }
 
 void PrefillNode::TransferEnded(uint64_t transfer) {
@@ -125,7 +124,7 @@ void PrefillNode::TransferEnded(uint64_t transfer) {
   in_flight_.erase(transfer);
 }
 
-PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes, double model_seconds, uint32_t n_layer) {
+PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes, double model_seconds) {
   Choice c;
   InFlight t;
   t.kv_bytes = kv_bytes;
@@ -147,11 +146,10 @@ PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes
     r.slo_seconds = req.slo_ms / 1e3;
     r.floor = req.floor;
     r.model_seconds = model_seconds;
-    const double now = serve_internal::NowSeconds();
-    const double bw = estimator_.has_estimate() ? estimator_.PlanningEstimate(now) : opts_.assume_gbps * 1e9 / 8;
+    const double bw = serve_internal::PlanningBps(estimator_, opts_.assume_gbps);
     // The queues ahead: every transfer in flight (this one is not entered yet), from the moment
     // its KV is ready, which is now.
-    controller_->Decide(r, bw, estimator_.has_estimate() ? estimator_.Confidence(now) : 0.0,
+    controller_->Decide(r, bw, estimator_.has_estimate() ? estimator_.Confidence(serve_internal::NowSeconds()) : 0.0,
                         QueuesLocked(bw, model_seconds), &c.decision);
     cost = &controller_->strategies()[c.decision.choice];
     c.spec = cost->spec;
@@ -159,7 +157,6 @@ PrefillNode::Choice PrefillNode::Choose(const ServeRequest& req, double kv_bytes
     c.adaptive = true;
   }
   if (cost != nullptr && !cost->none()) t.wire_predicted = kv_bytes / cost->ratio, t.encode_Bps = cost->encode_Bps;
-  t.n_frames = TransferFrames(c.spec, n_layer);
   c.transfer = next_transfer_++;
   in_flight_.emplace(c.transfer, t);
   return c;
@@ -331,7 +328,7 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req, const TokenSin
   const int first_token = prefilled.first_token;
   metrics_.requests++;
   out.kv_bytes = kv->bytes();
-  const Choice choice = Choose(req, double(kv->bytes()), out.timings.queue_s + out.timings.prefill_s, kv->shape().n_layer);
+  const Choice choice = Choose(req, double(kv->bytes()), out.timings.queue_s + out.timings.prefill_s);
   struct Ended {
     PrefillNode* node;
     uint64_t transfer;

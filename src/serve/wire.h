@@ -20,6 +20,11 @@ namespace kvserve::serve_internal {
 inline double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 // Seconds on the steady clock (for differences and the estimator's timestamps).
 inline double NowSeconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+// The bandwidth a node's decision plans with (bytes/s): its estimator's, or the assumed rate
+// before anything was measured.
+inline double PlanningBps(const BandwidthEstimator& e, double assume_gbps) {
+  return e.has_estimate() ? e.PlanningEstimate(NowSeconds()) : assume_gbps * 1e9 / 8;
+}
 
 // JSON text that never throws: strings that are not UTF-8 (a peer's bytes, a model's byte
 // tokens cut mid-character) are written with U+FFFD in place of the bad bytes.
