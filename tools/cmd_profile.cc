@@ -22,6 +22,7 @@ struct RunFlags {
   std::string space_path, out, mode = "ehvi";
   uint32_t budget = 40, n_init = 0, speed_tokens = 128;
   int speed_runs = 3;
+  uint32_t speed_rounds = 5;
   uint32_t speed_threads = 1;
   double floor = 0.97;
   uint64_t search_seed = 1;
@@ -67,6 +68,7 @@ Status DoRun(const RunFlags& f, bool grid) {
   o.bo.n_init = f.n_init;
   o.speed_tokens = f.speed_tokens;
   o.speed_runs = f.speed_runs;
+  o.speed_rounds = f.speed_rounds;
   o.speed_threads = f.speed_threads;
   o.out = f.out;
   o.codec_env = Codec();
@@ -113,6 +115,10 @@ void AddRunFlags(CLI::App* c, RunFlags* f, bool grid) {
   c->add_option("--speed-tokens", f->speed_tokens, "tokens of the llama3-8b block the codec speed is measured on")
       ->capture_default_str()->check(InRange(1, 65536));
   c->add_option("--speed-runs", f->speed_runs, "runs per speed measurement (median)")->capture_default_str()->check(InRange(1, 1000));
+  c->add_option("--speed-rounds", f->speed_rounds,
+                "rounds of speed measurements, every candidate once per round (each keeps its rounds' median: slow machine noise falls on all alike)")
+      ->capture_default_str()
+      ->check(InRange(1, 100));
   c->add_option("--speed-threads", f->speed_threads,
                 "codec threads the speeds are measured with: the nodes' --threads, which the controller's latency model assumes")
       ->capture_default_str()->check(InRange(1, 256));

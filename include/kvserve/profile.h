@@ -144,6 +144,7 @@ struct ProfileRunOptions {
   bool grid = false;           // evaluate every candidate, in order (bo.mode/budget ignored)
   uint32_t speed_tokens = 128;  // llama3-8b synthetic block of this many tokens for codec speed
   int speed_runs = 3;           // median of this many encode/decode runs
+  uint32_t speed_rounds = 5;    // rounds over every candidate; each keeps its rounds' median
   uint32_t speed_threads = 1;   // codec threads of the speed measurement (the nodes' --threads)
   uint32_t ratio_contexts = 4;  // prompt KVs of the evaluation set encoded for the ratio
   std::string out;              // written after every evaluation; an existing run there resumes

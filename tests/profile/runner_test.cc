@@ -33,6 +33,7 @@ class RunnerTest : public ::testing::Test {
     o.bo.seed = 3;
     o.speed_tokens = 16;
     o.speed_runs = 1;
+    o.speed_rounds = 1;
     o.out = out;
     return o;
   }
@@ -83,6 +84,29 @@ TEST_F(RunnerTest, WritesAProfileAndResumes) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("codec thread count"), std::string::npos) << refused.status().ToString();
   EXPECT_EQ(resumed.value().speed_threads, 1u);
+}
+
+// Codec speeds are measured in rounds, every candidate once per round (slow machine noise then
+// falls on all candidates alike rather than on those measured during it), each keeping the median.
+TEST_F(RunnerTest, MeasuresSpeedsInRoundsOverEveryCandidate) {
+  const SearchSpace space = SearchSpace::Parse(kSpace).value();
+  ProfileRunOptions o = Options("", 1);
+  o.speed_rounds = 3;
+  std::vector<uint64_t> done;
+  uint64_t total = 0;
+  auto p = RunProfile(*ev_, space, o, [&](const ProfileProgress& pr) {
+    if (std::string(pr.phase) != "measure") return;
+    done.push_back(pr.done);
+    total = pr.total;
+  });
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(total, 3 * space.candidates().size());
+  ASSERT_EQ(done.size(), total);
+  for (size_t i = 0; i < done.size(); ++i) EXPECT_EQ(done[i], i + 1);
+  for (const BoCandidate& c : p.value().candidates) {
+    EXPECT_GT(c.encode_gbps, 0) << c.spec;
+    EXPECT_GT(c.decode_gbps, 0) << c.spec;
+  }
 }
 
 }  // namespace
