@@ -109,6 +109,9 @@ struct QueueState {
 // and reports it back. 0: not measured.
 struct StageTimes {
   double encode_s = 0, decode_s = 0;
+  // The sending node's CPU time in its sends (the kernel's copies and protocol work, measured on
+  // the sending thread) and the bytes they carried. 0: not measured.
+  double send_cpu_s = 0, wire_bytes = 0;
 };
 
 // ---- Live codec speeds ----------------------------------------------------------------------------
@@ -117,11 +120,22 @@ struct StageTimes {
 // corrects them all, and no strategy keeps a stale correction it cannot shed because it is no
 // longer chosen. Each factor is an EWMA (weight `alpha`) of log(measured / profiled speed).
 // Used by the controller (PD) and the pool node's fetch decision alike.
+//
+// Sends on the codec's cores. Every byte sent costs the sender CPU (a kernel copy, checksums,
+// and over a veth the receiver's softirq work too). Where the node's codec threads fill its cores,
+// that time comes out of the encoder's: a transfer's encode stage then takes its encode plus its
+// wire bytes times the measured send CPU time per byte, so of two strategies that encode alike the
+// one with fewer bytes finishes first even where the link is not the bottleneck (the pipelined
+// model otherwise takes the fastest encoder whatever its ratio). The encode times observed there
+// hold the sends that ran during them, so the send time is taken out of them before they teach
+// the encode factor. Where the codec has cores to spare (or RDMA moves the bytes) the node says
+// so and the term is off.
 struct LiveSpeedOptions {
   double alpha = 0.3;
   // Stages that coded less KV than this teach nothing: their time is fixed costs (threads
   // waking, frame set-up), not throughput (as the bandwidth estimator's small transfers).
   double min_sample_bytes = 4 << 20;
+  bool sends_share_codec_cores = false;  // the node's codec threads fill its cores (see above)
 };
 
 // Not thread-safe: one per node, updated and read under its lock.
@@ -135,6 +149,15 @@ class LiveCodecSpeeds {
   double decode() const { return factor_[1]; }
   bool measured_encode() const { return has_[0]; }
   bool measured_decode() const { return has_[1]; }
+  // Send CPU seconds per wire byte (EWMA; 0 until measured) and what the encode stage pays for
+  // it per wire byte: the same where sends share the codec's cores, else 0.
+  double send_cpu_per_byte() const { return send_cpu_per_byte_; }
+  double encode_send_cost_per_byte() const { return o_.sends_share_codec_cores ? send_cpu_per_byte_ : 0.0; }
+  // `s`'s encode stage in KV bytes per second at the live speeds: its encode at the live factor
+  // plus, where sends share the codec's cores, the CPU time of sending its frames.
+  double EncodeStageBps(const StrategyCost& s) const {
+    return 1.0 / (1.0 / (s.encode_Bps * factor_[0]) + encode_send_cost_per_byte() / s.ratio);
+  }
   // `s` at the live speeds.
   StrategyCost Apply(StrategyCost s) const {
     s.encode_Bps *= factor_[0];
@@ -147,6 +170,8 @@ class LiveCodecSpeeds {
   double log_factor_[2] = {0, 0};
   double factor_[2] = {1, 1};  // e^log_factor_, what predictions multiply by
   bool has_[2] = {false, false};
+  double send_cpu_per_byte_ = 0;
+  bool has_send_ = false;
 };
 
 enum class DropReason : uint8_t { kKept = 0, kFloor, kNoGain, kCooldown };
@@ -169,6 +194,7 @@ struct Decision {
   double bandwidth_Bps = 0, confidence = 0, floor = 0;
   QueueState queues;                 // what the decision saw queued
   double encode_speed = 1, decode_speed = 1;  // live over profiled codec speed it planned with
+  double send_cost_per_byte = 0;  // encode-stage CPU seconds per wire byte it planned with (LiveCodecSpeeds)
   std::vector<CandidateNote> notes;  // one per strategy
 };
 
@@ -247,6 +273,8 @@ class Controller {
   // Measured over profiled codec speed (live_speeds; 1 until a stage time is observed).
   double EncodeSpeedFactor() const { return speeds_.encode(); }
   double DecodeSpeedFactor() const { return speeds_.decode(); }
+  // Encode-stage CPU seconds per byte sent (sends on the codec's cores; 0 otherwise or unmeasured).
+  double SendCostPerByte() const { return speeds_.encode_send_cost_per_byte(); }
 
  private:
   struct ArmState {

@@ -53,6 +53,7 @@ using TokenSink = std::function<bool(int token)>;
 struct StageTimings {
   double queue_s = 0, prefill_s = 0, encode_s = 0, wire_s = 0, decode_s = 0, transfer_s = 0, generate_s = 0;
   double total_s = 0;
+  double send_cpu_s = 0;  // prefill node: CPU time of its frame sends (the sending thread's)
   // Pool node: fetching the cached prefix (wall time, decode included), arrival to the first
   // token, and storing the prompt's chunks (after the last token, so outside total_s).
   double fetch_s = 0, first_token_s = 0, store_s = 0;

@@ -49,9 +49,21 @@ std::vector<StrategyCost> StrategiesFromProfile(const Profile& p) {
 }
 
 void LiveCodecSpeeds::Observe(const StrategyCost& s, double bytes, const StageTimes& t) {
+  // Sends are timed for every transfer that carried enough bytes, none's included.
+  if (t.send_cpu_s > 0 && std::isfinite(t.send_cpu_s) && t.wire_bytes >= o_.min_sample_bytes) {
+    const double x = t.send_cpu_s / t.wire_bytes;
+    send_cpu_per_byte_ = has_send_ ? (1 - o_.alpha) * send_cpu_per_byte_ + o_.alpha * x : x;
+    has_send_ = true;
+  }
   if (s.none() || !(bytes > 0) || bytes < o_.min_sample_bytes) return;
   const double profiled[2] = {bytes / s.encode_Bps, bytes / s.decode_Bps};
-  const double measured[2] = {t.encode_s, t.decode_s};
+  // The encode's own time: where sends shared its cores, they ran during it (frames are sent as
+  // the next ones are encoded), and what they cost is counted apart (EncodeStageBps). Never
+  // below half the time measured: a send timing cannot make an encode look free.
+  double encode_s = t.encode_s;
+  if (o_.sends_share_codec_cores && t.send_cpu_s > 0 && std::isfinite(t.send_cpu_s))
+    encode_s = std::max(0.5 * t.encode_s, t.encode_s - t.send_cpu_s);
+  const double measured[2] = {encode_s, t.decode_s};
   for (int k = 0; k < 2; ++k) {
     if (!(measured[k] > 0) || !std::isfinite(measured[k]) || !std::isfinite(profiled[k])) continue;
     const double x = std::log(profiled[k] / measured[k]);
@@ -95,7 +107,7 @@ double Controller::Predict(uint32_t i, const Request& r, double bw, const QueueS
   const StrategyCost& s = s_[i];
   const double v = r.kv_bytes, ready = r.model_seconds;
   if (s.none()) return std::max(ready, q.link_wait) + v / bw;
-  const double encode_Bps = s.encode_Bps * speeds_.encode(), decode_Bps = s.decode_Bps * speeds_.decode();
+  const double encode_Bps = speeds_.EncodeStageBps(s), decode_Bps = s.decode_Bps * speeds_.decode();
   if (o_.pipelined) {
     const double start = std::max({ready, q.encode_wait, q.link_wait, q.decode_wait});
     const StrategyCost live{{}, {}, s.quality, s.ratio, encode_Bps, decode_Bps};  // numbers only: no string copies
@@ -112,7 +124,7 @@ double Controller::QueueCost(uint32_t i, const Request& r, double bw, const Queu
   const StrategyCost& s = s_[i];
   const double v = r.kv_bytes;
   if (s.none()) return q.link_jobs * v / bw;
-  return q.link_jobs * v / (s.ratio * bw) + q.encode_jobs * v / (s.encode_Bps * speeds_.encode()) +
+  return q.link_jobs * v / (s.ratio * bw) + q.encode_jobs * v / speeds_.EncodeStageBps(s) +
          q.decode_jobs * v / (s.decode_Bps * speeds_.decode());
 }
 
@@ -131,6 +143,7 @@ void Controller::Decide(const Request& r, double bw, double confidence, const Qu
   d->queues = q;
   d->encode_speed = EncodeSpeedFactor();
   d->decode_speed = DecodeSpeedFactor();
+  d->send_cost_per_byte = speeds_.encode_send_cost_per_byte();
   uint32_t best = 0;
   double best_cost = INFINITY;
   for (uint32_t i = 0; i < n; ++i) {
@@ -240,6 +253,10 @@ std::string Controller::Explain(const Request& r, const Decision& d) const {
   if (std::abs(d.encode_speed - 1) > 0.05 || std::abs(d.decode_speed - 1) > 0.05) {
     std::snprintf(buf, sizeof buf, "codec measured at %.2f× (encode) / %.2f× (decode) of profile; ", d.encode_speed,
                   d.decode_speed);
+    out += buf;
+  }
+  if (d.send_cost_per_byte > 0) {
+    std::snprintf(buf, sizeof buf, "sends take %.2f ms of the codec's cores per MB on the wire; ", d.send_cost_per_byte * 1e9);
     out += buf;
   }
   const QueueState& q = d.queues;

@@ -70,6 +70,10 @@ Result<std::unique_ptr<PrefillNode>> PrefillNode::Create(Transport* transport, P
     ControllerOptions co = n->opts_.controller;
     co.n_layer = n->compute_->shape().n_layer;
     co.pipelined = true;
+    // The encoder thread and the codec's pool fill the cores this process may run on: frame sends
+    // then take their CPU time from the encode (LiveSpeedOptions).
+    const int codec_threads = n->opts_.pool ? n->opts_.pool->size() : 1;
+    co.speeds.sends_share_codec_cores = codec_threads >= serve_internal::UsableCores();
     n->controller_ = std::make_unique<Controller>(std::move(s), co);
   }
   return n;
@@ -102,10 +106,12 @@ QueueState PrefillNode::QueuesLocked(double bw, double ready) const {
   QueueState q;
   double link_bytes = 0, encode_s = 0;
   const double encode_factor = controller_ ? controller_->EncodeSpeedFactor() : 1;
+  const double send_cost = controller_ ? controller_->SendCostPerByte() : 0;  // per wire byte, on the codec's cores
   for (const auto& [id, t] : in_flight_) {
-    if (const double left = t.WireLeft(); left > 0) link_bytes += left, q.link_jobs++;
+    const double left = t.WireLeft();
+    if (left > 0) link_bytes += left, q.link_jobs++;
     if (const double kv_left = t.KvLeftToEncode(); t.encode_Bps > 0 && kv_left > 0)
-      encode_s += kv_left / (t.encode_Bps * encode_factor), q.encode_jobs++;
+      encode_s += kv_left / (t.encode_Bps * encode_factor) + left * send_cost, q.encode_jobs++;
   }
   // The decoder's backlog is the decode node's; it decodes each layer as it lands, so what it
   // has left is about what the link has left (not counted twice).
@@ -201,7 +207,9 @@ Status PrefillNode::Transfer(Connection* c, const ServeRequest& req, const KvBlo
       f[f.size() / 2] ^= 0x5a;  // a wire fault the frame checksum must catch
     }
     const Clock::time_point w0 = Clock::now();
+    const double cpu0 = serve_internal::ThreadCpuSeconds();
     Status st = c->Send(MessageKind::kFrame, f, deadline);
+    out->timings.send_cpu_s += serve_internal::ThreadCpuSeconds() - cpu0;
     out->timings.wire_s += Seconds(w0, Clock::now());
     out->wire_bytes += f.size();
     if (first_send) progress(0, double(f.size()));
@@ -379,7 +387,8 @@ Result<ServeResponse> PrefillNode::Serve(const ServeRequest& req, const TokenSin
     // The encode this node timed and the decode the decode node reported: the live codec speeds.
     if (choice.adaptive) controller_->Observe(choice.decision, choice.request,
                                               out.timings.queue_s + out.timings.prefill_s + out.timings.transfer_s,
-                                              StageTimes{out.timings.encode_s, out.timings.decode_s});
+                                              StageTimes{out.timings.encode_s, out.timings.decode_s,
+                                                         out.timings.send_cpu_s, double(out.wire_bytes)});
   }
   return out;
 }

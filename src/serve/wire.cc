@@ -1,5 +1,8 @@
 // JSON of the HTTP API (ServeRequest in, ServeResponse out, the router's forwarded body), the
 // decode port's JSON messages, and node metrics as Prometheus text.
+#include <sched.h>
+#include <time.h>
+
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -403,6 +406,19 @@ std::string ParseErrorMessage(std::span<const uint8_t> body) {
   if (!j.ok()) return j.status().message();
   if (!j->contains("error") || !(*j)["error"].is_string()) return "error message gives no reason";
   return (*j)["error"].get<std::string>();
+}
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
 }
 
 }  // namespace serve_internal

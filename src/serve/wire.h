@@ -26,6 +26,12 @@ inline double PlanningBps(const BandwidthEstimator& e, double assume_gbps) {
   return e.has_estimate() ? e.PlanningEstimate(NowSeconds()) : assume_gbps * 1e9 / 8;
 }
 
+// CPU seconds the calling thread has used (user and system), for timing what a call costs the CPU
+// rather than the wall clock; 0 where the clock is unavailable.
+double ThreadCpuSeconds();
+// Cores this process may run on (its affinity mask), at least 1.
+int UsableCores();
+
 // JSON text that never throws: strings that are not UTF-8 (a peer's bytes, a model's byte
 // tokens cut mid-character) are written with U+FFFD in place of the bad bytes.
 inline std::string Dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }

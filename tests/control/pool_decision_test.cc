@@ -92,6 +92,31 @@ TEST(LiveCodecSpeeds, LearnsOneFactorPerStageFromWhateverRan) {
   EXPECT_NEAR(live.decode(), std::exp(0.7 * std::log(0.5)), 1e-9);
 }
 
+// Send CPU time per byte: learned from any transfer that carried enough bytes (none's too), an
+// EWMA like the stage factors; charged to the encode stage only where sends share its cores.
+TEST(LiveCodecSpeeds, LearnsWhatSendsCostTheCpu) {
+  const StrategyCost& q4 = kStrategies[1];  // 3 GB/s encode, ratio 3.7
+  const double bytes = 64e6;
+  for (const bool shared : {true, false}) {
+    LiveSpeedOptions o;
+    o.sends_share_codec_cores = shared;
+    LiveCodecSpeeds live(o);
+    live.Observe(kStrategies[0], bytes, {0, 0, 1.0, 1e6});  // 1 MB: fixed costs
+    EXPECT_EQ(live.send_cpu_per_byte(), 0.0);
+    live.Observe(kStrategies[0], bytes, {0, 0, 0.032, bytes});  // none: 0.5 ns a byte
+    EXPECT_NEAR(live.send_cpu_per_byte(), 0.5e-9, 1e-18);
+    EXPECT_FALSE(live.measured_encode());
+    live.Observe(q4, bytes, {0, 0, 0.064, bytes});  // 1 ns a byte: EWMA of weight 0.3
+    EXPECT_NEAR(live.send_cpu_per_byte(), 0.65e-9, 1e-18);
+    EXPECT_EQ(live.encode_send_cost_per_byte(), shared ? 0.65e-9 : 0.0);
+    const double expect = shared ? 1 / (1 / 3e9 + 0.65e-9 / 3.7) : 3e9;
+    EXPECT_NEAR(live.EncodeStageBps(q4), expect, 1);
+    // An encode whose sends took more than half its time still counts half of it.
+    live.Observe(q4, bytes, {bytes / 3e9, 0, bytes / 3e9, bytes / 3.7});
+    EXPECT_NEAR(live.encode(), shared ? 2.0 : 1.0, 1e-9);
+  }
+}
+
 TEST(PoolDecision, FetchTimeOverlapsDecodeWithTheWire) {
   const StrategyCost& q4 = kStrategies[1];
   const double bytes = 512.0 * 1024 * 1024;
