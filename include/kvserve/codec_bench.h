@@ -33,6 +33,9 @@ struct BenchOptions {
   bool per_layer = false;
 };
 
+// The median of `v` (the mean of the middle two for an even count; 0 for none).
+double MedianOf(std::vector<double> v);
+
 // The reference KV block of the speed goals: llama3-8b shape, fp16 (or `dtype`), synthetic, seed 1.
 Result<KvBlock> BenchBlock(uint32_t n_token = 1024, ThreadPool* pool = nullptr, DType dtype = DType::kF16);
 

@@ -19,10 +19,6 @@
 namespace kvserve {
 namespace {
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-double MedianOf(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 struct Medians {
   double encode_s = 0, decode_s = 0;
 };
@@ -42,6 +38,12 @@ Result<Medians> TimeRoundTrips(int runs, const std::function<Status()>& encode, 
   return Medians{MedianOf(enc), MedianOf(dec)};
 }
 }  // namespace
+
+double MedianOf(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
 
 Result<KvBlock> BenchBlock(uint32_t n_token, ThreadPool* pool, DType dtype) {
   KV_ASSIGN_OR_RETURN(KvShape shape, ShapePreset("llama3-8b", n_token));

@@ -50,7 +50,8 @@ std::vector<StrategyCost> StrategiesFromProfile(const Profile& p) {
 
 void LiveCodecSpeeds::Observe(const StrategyCost& s, double bytes, const StageTimes& t) {
   // Sends are timed for every transfer that carried enough bytes, none's included.
-  if (t.send_cpu_s > 0 && std::isfinite(t.send_cpu_s) && t.wire_bytes >= o_.min_sample_bytes) {
+  const bool sends_timed = t.send_cpu_s > 0 && std::isfinite(t.send_cpu_s);
+  if (sends_timed && t.wire_bytes >= o_.min_sample_bytes) {
     const double x = t.send_cpu_s / t.wire_bytes;
     send_cpu_per_byte_ = has_send_ ? (1 - o_.alpha) * send_cpu_per_byte_ + o_.alpha * x : x;
     has_send_ = true;
@@ -61,7 +62,7 @@ void LiveCodecSpeeds::Observe(const StrategyCost& s, double bytes, const StageTi
   // the next ones are encoded), and what they cost is counted apart (EncodeStageBps). Never
   // below half the time measured: a send timing cannot make an encode look free.
   double encode_s = t.encode_s;
-  if (o_.sends_share_codec_cores && t.send_cpu_s > 0 && std::isfinite(t.send_cpu_s))
+  if (o_.sends_share_codec_cores && sends_timed)
     encode_s = std::max(0.5 * t.encode_s, t.encode_s - t.send_cpu_s);
   const double measured[2] = {encode_s, t.decode_s};
   for (int k = 0; k < 2; ++k) {

@@ -119,13 +119,9 @@ Result<Profile> RunProfile(Evaluator& ev, const SearchSpace& space, const Profil
         if (progress) progress({"measure", round * n + i + 1, rounds * n, 0});
       }
     }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    };
     for (size_t i = 0; i < n; ++i) {
-      p.candidates[i].encode_gbps = median(enc[i]);
-      p.candidates[i].decode_gbps = median(dec[i]);
+      p.candidates[i].encode_gbps = MedianOf(std::move(enc[i]));
+      p.candidates[i].decode_gbps = MedianOf(std::move(dec[i]));
     }
   }
 
