@@ -15,8 +15,31 @@
 
 namespace kvserve {
 
+// Buffers of at least kHugePageAllocBytes are mapped on their own, 2 MiB-aligned and advised to
+// the kernel's transparent huge pages. Why: KV blocks and frames are tens to hundreds of MiB,
+// freshly allocated per request, and first touch of 4 KiB pages dominated their cost — on the
+// 2-core VM a fresh 512 MiB copy took 1.4-1.9 s against 0.12 s into huge pages or reused memory
+// (docs/results/alloc.md), which made the embedded pool's GETs ten times slower than a copy.
+// Smaller buffers, and every buffer under AddressSanitizer (which checks heap bounds), use
+// operator new. AllocateLarge throws std::bad_alloc when the mapping fails, as operator new does.
+inline constexpr size_t kHugePageAllocBytes = size_t{4} << 20;
+void* AllocateLarge(size_t bytes);
+void FreeLarge(void* p, size_t bytes) noexcept;
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kLargeAllocsMapped = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kLargeAllocsMapped = false;
+#else
+inline constexpr bool kLargeAllocsMapped = true;
+#endif
+#else
+inline constexpr bool kLargeAllocsMapped = true;
+#endif
+
 // Allocator whose resize() leaves new elements uninitialised (buffers about to be overwritten,
-// such as frames and decoded blocks, are not zero-filled first), aligned to 64 bytes for SIMD.
+// such as frames and decoded blocks, are not zero-filled first), aligned to 64 bytes for SIMD;
+// large buffers on huge pages (above).
 template <typename T>
 struct DefaultInitAllocator : std::allocator<T> {
   template <typename U>
@@ -26,8 +49,14 @@ struct DefaultInitAllocator : std::allocator<T> {
   DefaultInitAllocator() = default;
   template <typename U>
   DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, size_t) noexcept { ::operator delete(p, std::align_val_t(64)); }
+  T* allocate(size_t n) {
+    if (kLargeAllocsMapped && n * sizeof(T) >= kHugePageAllocBytes) return static_cast<T*>(AllocateLarge(n * sizeof(T)));
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (kLargeAllocsMapped && n * sizeof(T) >= kHugePageAllocBytes) return FreeLarge(p, n * sizeof(T));
+    ::operator delete(p, std::align_val_t(64));
+  }
   template <typename U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;
@@ -38,6 +67,10 @@ struct DefaultInitAllocator : std::allocator<T> {
   }
 };
 using ByteBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+
+// A copy of `bytes` made with one memcpy: a ByteBuffer's copy and range constructors go
+// element by element through the allocator (3x slower on 32 MiB values).
+ByteBuffer CopyBytes(const uint8_t* data, size_t size);
 
 // Storage types of KV. The FP8 types are the OCP 8-bit floats serving engines keep KV in (vLLM
 // `--kv-cache-dtype fp8`, SGLang `fp8_e4m3`/`fp8_e5m2`): E4M3 "FN" (bias 7, no infinities, NaN

@@ -20,7 +20,7 @@ class EmbeddedPool final : public KvPool {
                                 "' exceeds the pool capacity of " + std::to_string(o_.capacity_bytes));
     }
     // The copy is made outside the lock; a concurrent writer of the same key replaces it whole.
-    auto v = std::make_shared<const ByteBuffer>(value.begin(), value.end());
+    auto v = std::make_shared<const ByteBuffer>(CopyBytes(value.data(), value.size()));
     std::lock_guard<std::mutex> lock(mu_);
     stats_.puts++;
     Erase(key);
@@ -59,7 +59,7 @@ class EmbeddedPool final : public KvPool {
     // Copies outside the lock: values are immutable once stored, and shared until copied.
     std::vector<std::optional<ByteBuffer>> out(keys.size());
     for (size_t i = 0; i < keys.size(); ++i)
-      if (found[i]) out[i] = *found[i];
+      if (found[i]) out[i] = CopyBytes(found[i]->data(), found[i]->size());
     return out;
   }
 
