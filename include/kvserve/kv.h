@@ -20,6 +20,8 @@ namespace kvserve {
 // freshly allocated per request, and first touch of 4 KiB pages dominated their cost — on the
 // 2-core VM a fresh 512 MiB copy took 1.4-1.9 s against 0.12 s into huge pages or reused memory
 // (docs/results/alloc.md), which made the embedded pool's GETs ten times slower than a copy.
+// Freed mappings are kept (up to 512 MiB a process) and handed to the next buffer of about their
+// size, whose pages are then already in place.
 // Smaller buffers, and every buffer under AddressSanitizer (which checks heap bounds), use
 // operator new. AllocateLarge throws std::bad_alloc when the mapping fails, as operator new does.
 inline constexpr size_t kHugePageAllocBytes = size_t{4} << 20;

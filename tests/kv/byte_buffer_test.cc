@@ -1,5 +1,6 @@
 // Byte buffers: large ones mapped on their own (huge-page aligned), small ones from operator new,
-// both aligned for SIMD; growth across the threshold keeps the bytes; CopyBytes copies exactly.
+// both aligned for SIMD; growth across the threshold keeps the bytes; freed mappings are reused;
+// CopyBytes copies exactly.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -28,6 +29,23 @@ TEST(ByteBuffer, GrowingAcrossTheThresholdKeepsTheBytes) {
   b.resize(100);
   b.shrink_to_fit();  // back below the threshold: freed as mapped, reallocated by operator new
   for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], uint8_t(i % 251));
+}
+
+TEST(ByteBuffer, AFreedLargeBufferIsReusedByTheNextOfAboutItsSize) {
+  if (!kLargeAllocsMapped) GTEST_SKIP() << "buffers come from operator new under AddressSanitizer";
+  const size_t bytes = kHugePageAllocBytes + 7 * 4096;
+  const uint8_t* first;
+  {
+    ByteBuffer a(bytes);
+    a.back() = 9;
+    first = a.data();
+  }
+  ByteBuffer again(bytes - 100);  // within an eighth: the same mapping
+  EXPECT_EQ(again.data(), first);
+  again.back() = 1;  // all of it is writable
+  ByteBuffer bigger(2 * bytes);  // far larger: a mapping of its own
+  EXPECT_NE(bigger.data(), first);
+  bigger.back() = 2;
 }
 
 TEST(ByteBuffer, CopyBytesCopiesExactly) {
