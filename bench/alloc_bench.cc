@@ -1,6 +1,8 @@
-// What a fresh large buffer costs: a 32 MiB value (one pool chunk of llama3-8b fp16 KV) copied
-// into a ByteBuffer (mapped on huge pages), into memory from operator new (4 KiB pages faulted in
-// on first touch), and into a buffer reused across iterations (memcpy alone, the baseline).
+// What a new large buffer costs: a 32 MiB value (one pool chunk of llama3-8b fp16 KV) copied
+// into a ByteBuffer allocated each iteration (a huge-page mapping: the one the previous iteration
+// freed), into memory from operator new each iteration (glibc maps blocks this large afresh; 4 KiB
+// pages faulted in on first touch), and into one buffer reused across iterations (memcpy alone,
+// the baseline). docs/results/alloc.md.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
