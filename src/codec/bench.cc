@@ -177,6 +177,7 @@ Result<PagedMeasurement> MeasurePaged(const KvBlock& block, std::string_view spe
   // Paged first: what these runs add to the resident memory (the cache and `block` are already
   // there) is what encoding from and decoding into the pages needs.
   ByteBuffer frame, dense_frame;
+  (void)ReleaseIdleBuffers();  // else a mapping the setup freed would serve the runs unseen
   const bool reset = ResetPeakResident();
   const int64_t before = ResidentBytes().first;
   Result<Medians> paged_runs = TimeRoundTrips(opts.runs, [&] { return p.Encode(cache, &frame, co); },

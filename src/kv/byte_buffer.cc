@@ -100,6 +100,22 @@ void FreeLarge(void* p, size_t bytes) noexcept {
   ::munmap(p, mapped);
 }
 
+size_t ReleaseIdleBuffers() noexcept {
+  MappingCache& c = Cache();
+  std::multimap<size_t, uintptr_t> idle;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    idle.swap(c.idle);
+    c.idle_bytes = 0;
+  }
+  size_t released = 0;
+  for (const auto& [len, p] : idle) {
+    ::munmap(reinterpret_cast<void*>(p), len);
+    released += len;
+  }
+  return released;
+}
+
 ByteBuffer CopyBytes(const uint8_t* data, size_t size) {
   ByteBuffer out(size);
   if (size > 0) std::memcpy(out.data(), data, size);

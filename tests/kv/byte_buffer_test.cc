@@ -46,6 +46,9 @@ TEST(ByteBuffer, AFreedLargeBufferIsReusedByTheNextOfAboutItsSize) {
   ByteBuffer bigger(2 * bytes);  // far larger: a mapping of its own
   EXPECT_NE(bigger.data(), first);
   bigger.back() = 2;
+  again = ByteBuffer();  // idle again, then unmapped on request
+  EXPECT_GE(ReleaseIdleBuffers(), bytes);
+  EXPECT_EQ(ReleaseIdleBuffers(), 0u);
 }
 
 TEST(ByteBuffer, CopyBytesCopiesExactly) {
