@@ -65,15 +65,20 @@ void* AllocateLarge(size_t bytes) {
     auto it = c.idle.lower_bound(len);
     if (it != c.idle.end() && it->first - len <= len / 8) {
       const auto [mapped, p] = *it;
+      c.live.emplace(p, mapped);  // first: if it throws, the mapping stays idle
       c.idle.erase(it);
       c.idle_bytes -= mapped;
-      c.live.emplace(p, mapped);
       return reinterpret_cast<void*>(p);
     }
   }
   void* p = MapAligned(len);
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.live.emplace(uintptr_t(p), len);
+  try {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.live.emplace(uintptr_t(p), len);
+  } catch (...) {
+    ::munmap(p, len);
+    throw;
+  }
   return p;
 }
 
