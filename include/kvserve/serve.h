@@ -210,6 +210,9 @@ class PrefillNode {
   double link_latency_seconds() const;  // the estimator's per-transfer latency (0 until measured)
   // The controller's live over profiled codec speed, {encode, decode} (1 until measured).
   std::array<double, 2> codec_speed_factors() const;
+  // CPU seconds a frame send takes from the codec's cores per byte on the wire, as the adaptive
+  // rule charges it to the encode stage (0 where sends do not share those cores, or until measured).
+  double send_cost_seconds_per_byte() const;
   // What the transfers in flight have left, as a request whose KV is ready now finds it: seconds
   // of link work (at the bandwidth estimate) and of encode work (at the live speeds of their
   // strategies; 0 for strategies outside the profile), and how many transfers hold each. The

@@ -348,6 +348,11 @@ void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front) {
            "kvserve_codec_speed_factor{" + labels + ",stage=\"encode\"} " + Num(v[0]) + "\n"
            "kvserve_codec_speed_factor{" + labels + ",stage=\"decode\"} " + Num(v[1]) + "\n";
     }
+    if (ready && f.send_cost) {
+      m += "# HELP kvserve_send_cpu_seconds_per_byte CPU a frame send takes from the codec's cores per byte on the wire, as the adaptive rule charges it (0 where sends do not share those cores, or until measured)\n"
+           "# TYPE kvserve_send_cpu_seconds_per_byte gauge\nkvserve_send_cpu_seconds_per_byte{" + labels + "} " +
+           Num(f.send_cost()) + "\n";
+    }
     if (ready && f.queues) {
       const QueueState q = f.queues();
       m += "# HELP kvserve_queue_seconds work the transfers in flight have left, per resource (what the adaptive rule plans behind)\n"

@@ -65,6 +65,7 @@ struct NodeFront {
   std::function<std::string()> metrics;          // the node's own counters (Prometheus text)
   std::function<double()> bandwidth_gbps, latency_seconds;
   std::function<std::array<double, 2>()> codec_speed;  // live over profiled {encode, decode} speed
+  std::function<double()> send_cost;  // prefill nodes: send CPU on the codec's cores, seconds per wire byte
   std::function<QueueState()> queues;  // prefill nodes: what the transfers in flight have left
   std::string backend;  // pool nodes: the pool's backend, a label on the link gauges
   std::function<void(const std::string&)> log;   // one JSON line per request; null: quiet

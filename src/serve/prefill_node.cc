@@ -95,6 +95,11 @@ std::array<double, 2> PrefillNode::codec_speed_factors() const {
   return {controller_->EncodeSpeedFactor(), controller_->DecodeSpeedFactor()};
 }
 
+double PrefillNode::send_cost_seconds_per_byte() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return controller_ ? controller_->SendCostPerByte() : 0;
+}
+
 double PrefillNode::InFlight::WireLeft() const {
   const double expected = frames_encoded ? wire_encoded * n_frames / frames_encoded : wire_predicted;
   return std::max(0.0, expected - wire_sent);

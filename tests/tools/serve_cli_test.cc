@@ -176,6 +176,8 @@ TEST(ServeCli, RouterPrefillDecodeGiveLocalTextAndSurviveBadInput) {
     // Live codec speeds: this model's KV is too small to measure them, so they stay at the profile's.
     EXPECT_NE(metrics->body.find("kvserve_codec_speed_factor{node=\"prefill\",stage=\"decode\"} 1"), std::string::npos)
         << metrics->body;
+    // What sends cost the codec's cores, as the rule charges it: present on a prefill node.
+    EXPECT_NE(metrics->body.find("kvserve_send_cpu_seconds_per_byte{node=\"prefill\"} "), std::string::npos) << metrics->body;
     // Nothing in flight once the requests are answered: the queues the adaptive rule sees are empty.
     EXPECT_NE(metrics->body.find("kvserve_queue_seconds{node=\"prefill\",resource=\"link\"} 0.0\n"), std::string::npos)
         << metrics->body;
