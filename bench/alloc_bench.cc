@@ -24,7 +24,7 @@ const ByteBuffer& Source() {
   return src;
 }
 
-void FreshByteBuffer(benchmark::State& state) {
+void NewByteBuffer(benchmark::State& state) {
   const ByteBuffer& src = Source();
   for (auto _ : state) {
     ByteBuffer copy = CopyBytes(src.data(), src.size());
@@ -33,7 +33,7 @@ void FreshByteBuffer(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(kValueBytes));
 }
 
-void FreshOperatorNew(benchmark::State& state) {
+void NewOperatorNew(benchmark::State& state) {
   const ByteBuffer& src = Source();
   for (auto _ : state) {
     auto* p = static_cast<uint8_t*>(::operator new(kValueBytes, std::align_val_t(64)));
@@ -55,8 +55,8 @@ void ReusedBuffer(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(kValueBytes));
 }
 
-BENCHMARK(FreshByteBuffer)->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
-BENCHMARK(FreshOperatorNew)->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
+BENCHMARK(NewByteBuffer)->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
+BENCHMARK(NewOperatorNew)->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
 BENCHMARK(ReusedBuffer)->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
 
 }  // namespace
