@@ -297,11 +297,16 @@ class Controller {
 // the suffix, or recompute everything. First-token time of each choice:
 //   fetch s of c tokens: max(fetch(s, c), gpu_wait) + (n - c) / P
 //   recompute:           gpu_wait + n / P
-// with fetch(s, c) = max(V/(r B), V/Sd) + one chunk's min(V/(r B), V/Sd) (chunks are decoded while
-// the next is on the wire; nothing is encoded on this path), V = c * raw bytes per token. B and Sd
-// are live: B the node's measured GET throughput from its backend (a BandwidthEstimator over its
-// fetches, round trips and copies included), Sd the profiled decode speed times the node's
-// measured decode factor (LiveCodecSpeeds), the same for every copy.
+// with fetch(s, c) = max(W, D) + one chunk's min(W, D) (chunks are decoded while the next is on
+// the wire; nothing is encoded on this path), W = V/(r B) and D = V/Sd, V = c * raw bytes per
+// token. B and Sd are live: B the node's measured GET throughput from its backend (a
+// BandwidthEstimator over its fetches, round trips and copies included), Sd the profiled decode
+// speed times the node's measured decode factor (LiveCodecSpeeds), the same for every copy.
+// Work already in flight at the node is shared, not queued behind: the pool link with other
+// fetches' GETs and stores' PUTs, the node's cores with their decodes and encodes. Under
+// processor sharing a job that still needs x seconds of a resource delays one that needs y by
+// min(x, y), so W grows by the sum of min(x_i, W) over the link's jobs and D by the sum of
+// min(x_i, D) over the codec's, divided by the cores they share. Recomputing uses the GPU only.
 struct PoolOption {
   uint32_t strategy = 0;       // index into the strategies (0: none, the uncompressed copy)
   uint32_t cached_tokens = 0;  // leading prompt tokens the pool holds in that copy
@@ -314,6 +319,11 @@ struct PoolFetchRequest {
   double floor = 0.97;
   uint32_t chunk_tokens = 256;
   double decode_speed = 1;  // live over profiled decode speed (LiveCodecSpeeds::decode())
+  // The work in flight at the node (other requests): seconds each transfer still holds the pool
+  // link for, at the planning bandwidth, and each codec job still needs on the node's cores.
+  std::vector<double> link_ahead_s;
+  std::vector<double> codec_ahead_s;
+  double codec_cores = 1;  // cores the node's codec work shares
 };
 struct PoolFetchDecision {
   int option = -1;               // index into the options; -1: recompute
@@ -322,6 +332,9 @@ struct PoolFetchDecision {
   std::string explanation;       // one line: the choice, its prediction, what it beat and why others fell
 };
 double PoolFetchSeconds(const StrategyCost& s, double bytes, double bandwidth_Bps, uint32_t n_chunks);
+// The same sharing the node's link and cores with the work in flight that `r` describes.
+double PoolFetchSecondsShared(const StrategyCost& s, double bytes, double bandwidth_Bps, uint32_t n_chunks,
+                              const PoolFetchRequest& r);
 PoolFetchDecision DecidePoolFetch(const std::vector<StrategyCost>& strategies, const std::vector<PoolOption>& options,
                                   const PoolFetchRequest& r, double bandwidth_Bps);
 

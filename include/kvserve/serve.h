@@ -314,7 +314,16 @@ class PoolNode {
  private:
   explicit PoolNode(PoolNodeOptions opts);
   struct Fetch;
-  Status FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, serve_internal::ComputeSession* session, Fetch* out);
+  // A fetch's or a store's work in flight at this node, which a fetch shares (DecidePoolFetch):
+  // the bytes it still moves over the pool link and the codec seconds it still needs here.
+  struct Work {
+    double link_bytes = 0, codec_s = 0;
+    bool shared = false;  // another job was in flight beside it at some time
+  };
+  uint64_t AddWorkLocked(Work w);  // registers a job (mu_ held); marks it and those in flight shared
+  class WorkScope;  // one job's entry in work_, updated as its chunks move, removed at its end
+  Status FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, serve_internal::ComputeSession* session,
+                     WorkScope* work, Fetch* out);
   Status ProbeBackend();
   double PrefillTokensPerSecond() const;
   std::vector<size_t> StoreChoice(double floor, uint32_t prefix_tokens, double tps, std::string* note) const;
@@ -322,8 +331,11 @@ class PoolNode {
   std::vector<StrategyCost> s_;
   std::vector<size_t> candidates_;  // strategies looked up per request
   double bytes_per_token_ = 0;      // raw KV in the node's dtype
-  mutable std::mutex mu_;           // estimator_, speeds_, measured prefill rate
+  mutable std::mutex mu_;           // estimator_, speeds_, measured prefill rate, work_
   BandwidthEstimator estimator_;    // GET throughput from the pool's backend
+  std::map<uint64_t, Work> work_;   // adaptive: fetches and stores in flight
+  uint64_t next_work_ = 0;
+  double codec_cores_ = 1;          // cores this process may run on (its affinity)
   LiveCodecSpeeds speeds_;          // decode (fetches) and encode (stores) over profiled speed
   double last_get_sample_s_ = 0;    // when a fetch or probe last measured the backend
   static constexpr double kReprobeSeconds = 30;  // adaptive: probe again after this long without one

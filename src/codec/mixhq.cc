@@ -262,10 +262,14 @@ class MixHqStage final : public Stage {
           const float* row = xb + size_t(r) * D;
           uint8_t* out_row = codes.data() + size_t(r) * D;
           // A zero scale codes 0. The division is by a safe value and its result selected
-          // after, so the loop has no conditional division and vectorises.
-          auto code = [m](float value, float sc) {
+          // after, so the loop has no conditional division and vectorises. The clamp is in float
+          // before the conversion: a NaN value (skipped by the maxima) gives a NaN quotient,
+          // whose conversion to int is undefined; it codes -m, as the conversion gave on x86.
+          const float fm = float(m);
+          auto code = [m, fm](float value, float sc) {
             const float q = std::nearbyint(value / (sc > 0 ? sc : 1.0f));
-            return uint8_t(std::clamp(int(sc > 0 ? q : 0.0f), -m, m) + m);
+            const float c = q >= -fm ? (q <= fm ? q : fm) : -fm;
+            return uint8_t(int(sc > 0 ? c : 0.0f) + m);
           };
           if (v) {
             const float sc = scale[r];

@@ -98,6 +98,51 @@ void DecodeSlab(const uint8_t* src, const PartLayout& p, DType dt, RowBlocks& ou
   }
 }
 
+// The n_head_kv slabs of one (layer, K/V) part of a paged cache, which share one layout, encoded
+// a block of tokens at a time, head after head (PagedPartRows). The fused kernel reads each head's
+// rows where they lie and, while it codes, asks for a share of the next block's page rows, so
+// they are in cache when read (paged/dense encode 0.6 -> 0.8, docs/results/paged.md); where it
+// does not run, a head's block is gathered first. dst[h]: head h's slab output; errors[h]: its status.
+void EncodePagedPart(PagedPartRows& in, DType dt, const PartLayout& p, uint8_t* const* dst, Status* errors,
+                     quant::BlockScratch& s) {
+  thread_local std::vector<const uint8_t*> head_rows;
+  const size_t D = p.head_dim;
+  const uint32_t H = in.n_head(), n_token = p.n_quant + p.residual;
+  size_t done = 0;  // bytes of each slab written so far
+  for (uint32_t t0 = 0; t0 < p.n_quant; t0 += p.block_tokens()) {
+    const uint32_t bt = std::min(p.block_tokens(), p.n_quant - t0);
+    const size_t m = p.meta_count(bt);
+    if (t0 == 0) in.Ask(0, bt);
+    const uint32_t next_t0 = t0 + bt, next_n = std::min(p.block_tokens(), n_token - next_t0);
+    for (uint32_t h = 0; h < H; ++h) {
+      const uint32_t a = next_n * h / H, b = next_n * (h + 1) / H;
+      const quant::NextRows next{in.PageRows(next_t0 + a), b - a, in.page_row_bytes()};
+      in.HeadRows(h, t0, bt, &head_rows);
+      size_t bad;
+      if (!quant::EncodeBlockFromRows(head_rows.data(), dt, bt, D, p.kernel_group(), p.bits, dst[h] + done, s, &next,
+                                      &bad)) {
+        bad = quant::EncodeBlock(in.ReadHead(h, t0, bt), dt, bt, D, p.kernel_group(), p.bits, dst[h] + done, s);
+      }
+      if (bad < m && errors[h].ok()) {
+        errors[h] = Status::InvalidArgument("value range [" + std::to_string(s.mn[bad]) + ", " +
+                                            std::to_string(s.mx[bad]) + "] of a group does not fit fp16 quantisation metadata");
+      }
+    }
+    done += p.block_bytes(bt);
+  }
+  const size_t nr = size_t{p.residual} * D;
+  for (uint32_t h = 0; h < H && nr > 0; ++h) {
+    const uint8_t* r = in.ReadHead(h, p.n_quant, p.residual);
+    if (dt == DType::kF16) {
+      std::memcpy(dst[h] + done, r, nr * 2);
+    } else {
+      s.Reserve(nr, 0);
+      ConvertToF32(dt, r, s.x.data(), nr);
+      ConvertFromF32(DType::kF16, s.x.data(), dst[h] + done, nr);
+    }
+  }
+}
+
 class QuantStage final : public Stage {
  public:
   QuantStage(int kbits, int vbits, bool k_channel, bool v_channel, uint32_t group, uint32_t residual,
@@ -156,13 +201,26 @@ class QuantStage final : public Stage {
     std::memcpy(hdr + 20, &shape.n_token, 4);
     uint8_t* body = hdr + kPayloadHeader;
     std::vector<Status> errors(shape.n_slab());
-    ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
-      thread_local quant::BlockScratch scratch;
-      thread_local std::vector<uint8_t*> rows;
-      thread_local ByteBuffer buf;
-      RowBlocks in(t, i, rows, buf);
-      errors[i] = EncodeSlab(in, t.dtype(), SlabLayout(i, shape), body + off[i], scratch);
-    });
+    const uint64_t H = shape.n_head_kv;
+    if (t.is_paged()) {  // a (layer, K/V) part at a time: all its heads' page rows together
+      ParallelFor(ctx.pool, shape.n_slab() / H, [&](uint64_t part) {
+        thread_local quant::BlockScratch scratch;
+        thread_local std::vector<uint8_t*> rows, dst;
+        thread_local ByteBuffer buf;
+        PagedPartRows in(t, part, rows, buf);
+        dst.resize(H);
+        for (uint64_t h = 0; h < H; ++h) dst[h] = body + off[part * H + h];
+        EncodePagedPart(in, t.dtype(), SlabLayout(part * H, shape), dst.data(), errors.data() + part * H, scratch);
+      });
+    } else {
+      ParallelFor(ctx.pool, shape.n_slab(), [&](uint64_t i) {
+        thread_local quant::BlockScratch scratch;
+        thread_local std::vector<uint8_t*> rows;
+        thread_local ByteBuffer buf;
+        RowBlocks in(t, i, rows, buf);
+        errors[i] = EncodeSlab(in, t.dtype(), SlabLayout(i, shape), body + off[i], scratch);
+      });
+    }
     for (uint64_t i = 0; i < errors.size(); ++i) {
       if (!errors[i].ok()) {
         const uint64_t h = shape.n_head_kv;

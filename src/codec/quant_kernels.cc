@@ -567,18 +567,53 @@ inline void Prefetch(const void* p, size_t bytes) {
   for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(b + i, _MM_HINT_T0);
 }
 
-// Column min/max of N stripes of 16 channels, row by row: the source streams in memory order
-// (a stripe-by-stripe walk strides across rows and stalls on every line) while the 2N
-// accumulators stay in registers; the converted values go to x for the code pass.
-template <int N, typename T>
-void ColumnMinMaxStripes(const T* src, float* x, size_t rows, size_t D, float* mn, float* mx, bool ahead) {
+// Asks for bytes [from, from + len) of a paged block's next rows taken as one sequence. Out of
+// line (inlined into the code pass's loop it cost the dense encode 20%), and kept out of the
+// compiler's interprocedural analysis: a function that only prefetches looks free of effects, and
+// its calls were deleted.
+[[gnu::noipa]] void AskRows(const NextRows& next, size_t from, size_t len) {
+  const size_t rb = next.row_bytes;
+  for (const size_t end = from + len; from < end;) {
+    const size_t r = from / rb, o = from % rb, n = std::min(rb - o, end - from);
+    Prefetch(next.rows[r] + o, n);
+    from += n;
+  }
+}
+
+// Where an encode's source rows lie: a dense block (row r at p + r * D, the next block right
+// after it), or rows anywhere (a paged cache's, read where they lie; nothing known after them).
+template <typename T>
+struct DenseRowsOf {
+  static constexpr bool kDense = true;
+  const T* p;
+  size_t D;
+  const T* operator[](size_t r) const { return p + r * D; }
+};
+template <typename T>
+struct RowPointers {
+  static constexpr bool kDense = false;
+  const T* const* p;
+  const T* operator[](size_t r) const { return p[r]; }
+};
+
+// Column min/max of N stripes of 16 channels from channel c, row by row: the source streams in
+// memory order (a stripe-by-stripe walk strides across rows and stalls on every line) while the
+// 2N accumulators stay in registers; the converted values go to x for the code pass.
+template <int N, typename Rows>
+void ColumnMinMaxStripes(const Rows& src, size_t c, float* x, size_t rows, size_t D, float* mn, float* mx, bool ahead) {
   __m512 lo[N], hi[N];
-  for (int k = 0; k < N; ++k) lo[k] = hi[k] = Load16(src + 16 * k), _mm512_storeu_ps(x + 16 * k, lo[k]);
-  if (ahead) Prefetch(src + rows * D, N * 16 * sizeof(T));
+  for (int k = 0; k < N; ++k) lo[k] = hi[k] = Load16(src[0] + c + 16 * k), _mm512_storeu_ps(x + 16 * k, lo[k]);
+  using T = std::remove_cv_t<std::remove_pointer_t<decltype(src[0])>>;
+  if constexpr (Rows::kDense) {
+    if (ahead) Prefetch(src[rows] + c, N * 16 * sizeof(T));
+  }
   for (size_t r = 1; r < rows; ++r) {
-    if (ahead) Prefetch(src + (rows + r) * D, N * 16 * sizeof(T));
+    if constexpr (Rows::kDense) {
+      if (ahead) Prefetch(src[rows + r] + c, N * 16 * sizeof(T));
+    }
+    const T* row = src[r] + c;
     for (int k = 0; k < N; ++k) {
-      const __m512 v = Load16(src + r * D + 16 * k);
+      const __m512 v = Load16(row + 16 * k);
       _mm512_storeu_ps(x + r * D + 16 * k, v);
       lo[k] = _mm512_min_ps(v, lo[k]);
       hi[k] = _mm512_max_ps(v, hi[k]);
@@ -611,17 +646,22 @@ inline __m128 Fold4(__m512 g0, __m512 g1, __m512 g2, __m512 g3) {
 // plane byte j holds the codes of rows r + i * rows/k (k = 8/W codes per byte, i < k) at bits
 // i*W, so the k rows' codes of 16 channels make 16 bytes. Codes as QuantizeColumnsFast /
 // QuantizeRowGroupsFast compute them; ranges per channel (kChannel, lo/inv indexed by channel)
-// or per row and group of `group` channels. Needs rows % k == 0. Asks for next_bytes at next.
+// or per row and group of `group` channels. Needs rows % k == 0. Asks for next_bytes at next, or
+// (a paged block) of next_rows.
 template <int W, bool kChannel>
 void QuantizePackPlane(const float* x, size_t rows, size_t D, size_t group, const float* lo, const float* inv,
-                       int levels, uint8_t* out, const char* next, size_t next_bytes) {
+                       int levels, uint8_t* out, const char* next, size_t next_bytes, const NextRows* next_rows) {
   constexpr int K = 8 / W;
   const size_t plane_rows = rows / K, ng = D / group;
   const __m512 fl = _mm512_set1_ps(float(levels));
   // The next block's lines (see Prefetch), an equal share of whole lines per plane row.
   const size_t share = (next_bytes / plane_rows + 63) & ~size_t{63};
   for (size_t r = 0; r < plane_rows; ++r) {
-    if (r * share < next_bytes) Prefetch(next + r * share, std::min(share, next_bytes - r * share));
+    if (r * share < next_bytes) {
+      const size_t len = std::min(share, next_bytes - r * share);
+      if (next_rows) AskRows(*next_rows, r * share, len);
+      else Prefetch(next + r * share, len);
+    }
     for (size_t g = 0; g < ng; ++g) {
       for (size_t c = g * group; c < (g + 1) * group; c += 16) {
         __m128i packed = _mm_setzero_si128();
@@ -646,8 +686,9 @@ void QuantizePackPlane(const float* x, size_t rows, size_t D, size_t group, cons
 // The plain kernels' arithmetic in the same order (min/max keep the old value on NaN as the
 // plain comparisons do; codes are (x - lo) * inv rounded to nearest even), so the bytes equal.
 // The source (fp16 or f32) is copied once as floats into scratch (L1) that the code pass reads back.
-template <typename T>
-size_t EncodeBlockAvx512(const T* src, size_t rows, size_t D, size_t group, int bits, uint8_t* dst, BlockScratch& s) {
+template <typename T, typename Rows>
+size_t EncodeBlockAvx512(const Rows& src, size_t rows, size_t D, size_t group, int bits, uint8_t* dst, BlockScratch& s,
+                         const NextRows* next_rows) {
   const size_t n = rows * D, m = BlockMetaCount(rows, D, group);
   const int levels = (1 << bits) - 1;
   s.Reserve(n, m);
@@ -660,45 +701,50 @@ size_t EncodeBlockAvx512(const T* src, size_t rows, size_t D, size_t group, int 
   if (group == 0) {
     for (size_t c = 0; c < D; c += 128) {
       switch (std::min<size_t>(8, (D - c) / 16)) {
-        case 1: ColumnMinMaxStripes<1>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
-        case 2: ColumnMinMaxStripes<2>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
-        case 3: ColumnMinMaxStripes<3>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
-        case 4: ColumnMinMaxStripes<4>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
-        case 5: ColumnMinMaxStripes<5>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
-        case 6: ColumnMinMaxStripes<6>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
-        case 7: ColumnMinMaxStripes<7>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
-        default: ColumnMinMaxStripes<8>(src + c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 1: ColumnMinMaxStripes<1>(src, c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 2: ColumnMinMaxStripes<2>(src, c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 3: ColumnMinMaxStripes<3>(src, c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 4: ColumnMinMaxStripes<4>(src, c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 5: ColumnMinMaxStripes<5>(src, c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 6: ColumnMinMaxStripes<6>(src, c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        case 7: ColumnMinMaxStripes<7>(src, c, x + c, rows, D, mn + c, mx + c, !packs); break;
+        default: ColumnMinMaxStripes<8>(src, c, x + c, rows, D, mn + c, mx + c, !packs); break;
       }
     }
   } else {
     const size_t ng = D / group;
     // Group g's 16 partial minima/maxima (over its 16-lane stripes), folded 4 groups at a time.
-    auto partial = [&](size_t base, __m512* lo, __m512* hi) {
-      *lo = Load16(src + base), *hi = *lo;
-      _mm512_storeu_ps(x + base, *lo);
+    // Group g's values: v0 in the source row, xg in x.
+    auto partial = [&](const T* v0, float* xg, __m512* lo, __m512* hi) {
+      *lo = Load16(v0), *hi = *lo;
+      _mm512_storeu_ps(xg, *lo);
       for (size_t c = 16; c < group; c += 16) {
-        const __m512 v = Load16(src + base + c);
-        _mm512_storeu_ps(x + base + c, v);
+        const __m512 v = Load16(v0 + c);
+        _mm512_storeu_ps(xg + c, v);
         *lo = _mm512_min_ps(v, *lo);
         *hi = _mm512_max_ps(v, *hi);
       }
     };
     for (size_t r = 0; r < rows; ++r) {
-      if (!packs) Prefetch(src + (rows + r) * D, D * sizeof(T));
+      if constexpr (Rows::kDense) {
+        if (!packs) Prefetch(src[rows + r], D * sizeof(T));
+      }
+      const T* row = src[r];
+      float* xr = x + r * D;
       size_t g = 0;
       for (; g + 4 <= ng; g += 4) {
         __m512 l0, l1, l2, l3, h0, h1, h2, h3;
-        const size_t base = r * D + g * group;
-        partial(base, &l0, &h0);
-        partial(base + group, &l1, &h1);
-        partial(base + 2 * group, &l2, &h2);
-        partial(base + 3 * group, &l3, &h3);
+        const size_t c = g * group;
+        partial(row + c, xr + c, &l0, &h0);
+        partial(row + c + group, xr + c + group, &l1, &h1);
+        partial(row + c + 2 * group, xr + c + 2 * group, &l2, &h2);
+        partial(row + c + 3 * group, xr + c + 3 * group, &l3, &h3);
         _mm_storeu_ps(mn + r * ng + g, Fold4<true>(l0, l1, l2, l3));
         _mm_storeu_ps(mx + r * ng + g, Fold4<false>(h0, h1, h2, h3));
       }
       for (; g < ng; ++g) {  // groups past the last four
         __m512 l, h;
-        partial(r * D + g * group, &l, &h);
+        partial(row + g * group, xr + g * group, &l, &h);
         mn[r * ng + g] = _mm512_reduce_min_ps(l);
         mx[r * ng + g] = _mm512_reduce_max_ps(h);
       }
@@ -715,10 +761,13 @@ size_t EncodeBlockAvx512(const T* src, size_t rows, size_t D, size_t group, int 
     constexpr int W = decltype(plane_bits)::value;
     std::memcpy(dst, s.lo_h.data(), m * 2);
     std::memcpy(dst + m * 2, s.step_h.data(), m * 2);
-    const char* next = reinterpret_cast<const char*>(src + rows * D);
-    const size_t next_bytes = rows * D * sizeof(T);
-    if (group == 0) QuantizePackPlane<W, true>(x, rows, D, D, lo, inv, levels, dst + m * 4, next, next_bytes);
-    else QuantizePackPlane<W, false>(x, rows, D, group, lo, inv, levels, dst + m * 4, next, next_bytes);
+    // A dense block asks for the block after it; rows elsewhere only for what next_rows names.
+    const char* next = nullptr;
+    size_t next_bytes = 0;
+    if (next_rows) next_bytes = next_rows->n_rows * next_rows->row_bytes;
+    else if constexpr (Rows::kDense) next = reinterpret_cast<const char*>(src[rows]), next_bytes = rows * D * sizeof(T);
+    if (group == 0) QuantizePackPlane<W, true>(x, rows, D, D, lo, inv, levels, dst + m * 4, next, next_bytes, next_rows);
+    else QuantizePackPlane<W, false>(x, rows, D, group, lo, inv, levels, dst + m * 4, next, next_bytes, next_rows);
     return m;
   };
   if (packs) {
@@ -862,14 +911,42 @@ KVSERVE_END_TIER
 }  // namespace
 
 size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits, uint8_t* dst,
-                   BlockScratch& s) {
+                   BlockScratch& s, const NextRows* next) {
 #ifdef KVSERVE_QUANT_AVX512
   if (cpu::Use(cpu::Tier::kAvx512) && FusedWidthsFit(n_channel, group) && rows > 0) {
-    if (dt == DType::kF16) return EncodeBlockAvx512(static_cast<const uint16_t*>(src), rows, n_channel, group, bits, dst, s);
-    if (dt == DType::kF32) return EncodeBlockAvx512(static_cast<const float*>(src), rows, n_channel, group, bits, dst, s);
+    if (dt == DType::kF16) {
+      const DenseRowsOf<uint16_t> rows_of{static_cast<const uint16_t*>(src), n_channel};
+      return EncodeBlockAvx512<uint16_t>(rows_of, rows, n_channel, group, bits, dst, s, next);
+    }
+    if (dt == DType::kF32) {
+      const DenseRowsOf<float> rows_of{static_cast<const float*>(src), n_channel};
+      return EncodeBlockAvx512<float>(rows_of, rows, n_channel, group, bits, dst, s, next);
+    }
   }
+#else
+  (void)next;
 #endif
   return EncodeBlockComposed(src, dt, rows, n_channel, group, bits, dst, s, false);
+}
+
+bool EncodeBlockFromRows(const uint8_t* const* row_in, DType dt, size_t rows, size_t n_channel, size_t group, int bits,
+                         uint8_t* dst, BlockScratch& s, const NextRows* next, size_t* bad) {
+#ifdef KVSERVE_QUANT_AVX512
+  if (cpu::Use(cpu::Tier::kAvx512) && FusedWidthsFit(n_channel, group) && rows > 0) {
+    if (dt == DType::kF16) {
+      const RowPointers<uint16_t> rows_of{reinterpret_cast<const uint16_t* const*>(row_in)};
+      *bad = EncodeBlockAvx512<uint16_t>(rows_of, rows, n_channel, group, bits, dst, s, next);
+      return true;
+    }
+    if (dt == DType::kF32) {
+      const RowPointers<float> rows_of{reinterpret_cast<const float* const*>(row_in)};
+      *bad = EncodeBlockAvx512<float>(rows_of, rows, n_channel, group, bits, dst, s, next);
+      return true;
+    }
+  }
+#endif
+  (void)row_in, (void)dt, (void)rows, (void)n_channel, (void)group, (void)bits, (void)dst, (void)s, (void)next, (void)bad;
+  return false;
 }
 
 void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt, void* dst,

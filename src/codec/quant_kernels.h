@@ -78,12 +78,25 @@ struct BlockScratch {
 };
 size_t BlockMetaCount(size_t rows, size_t n_channel, size_t group);
 size_t BlockBytes(size_t rows, size_t n_channel, size_t group, int bits);
+// What an encode asks the memory system for while it computes: the next block's lines. By
+// default the block after this one in memory (a dense slab); a paged cache's next block is
+// `n_rows` page rows of `row_bytes` each at `rows` (every head's rows of those tokens).
+struct NextRows {
+  const uint8_t* const* rows = nullptr;
+  size_t n_rows = 0, row_bytes = 0;
+};
 // Encodes a block of `dt` values. fp16 or f32 (a transform's output) with 16-multiple widths
 // takes the fused AVX-512 loop on CPUs that have it (one pass over the source for min/max, the
 // codes from its float copy in L1); everything else converts to float and runs the *Fast kernels. Returns the index of the first
 // group whose range does not fit fp16 metadata (its min/max are left in s.mn/s.mx), or m.
+// `next`: what to ask for meanwhile (default: the block after this one in memory).
 size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits, uint8_t* dst,
-                   BlockScratch& s);
+                   BlockScratch& s, const NextRows* next = nullptr);
+// EncodeBlock of rows that lie anywhere (row r at row_in[r]: a paged cache's rows, read where they
+// lie), the same bytes; *bad as EncodeBlock returns it. Only where the fused loop runs: returns
+// false (nothing written) elsewhere, and the caller gathers the rows and calls EncodeBlock.
+bool EncodeBlockFromRows(const uint8_t* const* row_in, DType dt, size_t rows, size_t n_channel, size_t group, int bits,
+                         uint8_t* dst, BlockScratch& s, const NextRows* next, size_t* bad);
 // Decodes such a block into `dt`. For fp16 and f32 the fused loop unpacks the bit planes and
 // dequantises (and converts) in registers, 16 values at a time, when the block's rows line up
 // with the planes (a multiple of 8 covers every width).

@@ -115,6 +115,50 @@ class RowBlocks {
   bool streamed_ = false;
 };
 
+// The n_head_kv slabs of one (layer, K/V) part of a paged cache, taken a block of tokens at a
+// time and head after head. A page row holds every head's row of a token side by side; asking
+// for whole page rows of the next block while this one is coded reads each page in address order,
+// overlapped with the arithmetic, where taking a slab at a time reads one head's row (256 bytes
+// for llama3-8b) of every 2 KiB page row, at a stride the hardware prefetchers do not follow.
+class PagedPartRows {
+ public:
+  // `rows` and `buf` are the caller's (thread-local) storage, reused across parts. `part` counts
+  // (layer, K/V) pairs: its slabs are part * n_head_kv .. part * n_head_kv + n_head_kv - 1.
+  PagedPartRows(const KvBlock& t, uint64_t part, std::vector<uint8_t*>& rows, ByteBuffer& buf)
+      : rows_(&rows), buf_(&buf), n_head_(t.shape().n_head_kv),
+        row_bytes_(size_t{t.shape().head_dim} * DTypeSize(t.dtype())) {
+    t.SlabRows(part * n_head_, &rows);  // head 0's rows; head h's row lies h rows further on
+  }
+  uint32_t n_head() const { return n_head_; }
+  size_t row_bytes() const { return row_bytes_; }
+  size_t page_row_bytes() const { return n_head_ * row_bytes_; }
+  // Page rows (every head's row of one token) from token t0 on.
+  const uint8_t* const* PageRows(uint32_t t0) const { return rows_->data() + t0; }
+  // Asks for the page rows of tokens [t0, t0 + n).
+  void Ask(uint32_t t0, uint32_t n) const {
+    for (uint32_t i = t0; i < t0 + n; ++i)
+      for (size_t o = 0; o < page_row_bytes(); o += 64) __builtin_prefetch((*rows_)[i] + o);
+  }
+  // Head h's rows [t0, t0 + n) where they lie.
+  void HeadRows(uint32_t h, uint32_t t0, uint32_t n, std::vector<const uint8_t*>* out) const {
+    out->resize(n);
+    for (uint32_t i = 0; i < n; ++i) (*out)[i] = (*rows_)[t0 + i] + h * row_bytes_;
+  }
+  // The same rows gathered, contiguous (for kernels that read only a dense block).
+  const uint8_t* ReadHead(uint32_t h, uint32_t t0, uint32_t n) {
+    buf_->resize(size_t{n} * row_bytes_);
+    uint8_t* b = buf_->data();
+    for (uint32_t i = 0; i < n; ++i) std::memcpy(b + i * row_bytes_, (*rows_)[t0 + i] + h * row_bytes_, row_bytes_);
+    return b;
+  }
+
+ private:
+  std::vector<uint8_t*>* rows_;
+  ByteBuffer* buf_;
+  uint32_t n_head_;
+  size_t row_bytes_;
+};
+
 // Exactly one of tensor / bytes is set, by the kind the stage declares.
 struct StageInput {
   const KvBlock* tensor = nullptr;

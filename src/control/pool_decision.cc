@@ -1,5 +1,6 @@
 // The pool fetch decision: fetch a stored copy of the prefix (and compute the suffix) or
-// recompute, from the latency model extended by the prefill time; explained in one line.
+// recompute, from the latency model extended by the prefill time and by the work in flight at
+// the node that a fetch would share; explained in one line.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -8,11 +9,34 @@
 
 namespace kvserve {
 
-double PoolFetchSeconds(const StrategyCost& s, double bytes, double bandwidth_Bps, uint32_t n_chunks) {
+namespace {
+// What other jobs still needing x_i seconds of a resource add to one needing `own` of it, shared
+// with them on `servers` servers (processor sharing): sum of min(x_i, own) / servers.
+double SharedDelay(const std::vector<double>& ahead, double own, double servers) {
+  double d = 0;
+  for (double x : ahead) d += std::min(std::max(0.0, x), own);
+  return d / std::max(1.0, servers);
+}
+double Sum(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += std::max(0.0, x);
+  return s;
+}
+}  // namespace
+
+double PoolFetchSecondsShared(const StrategyCost& s, double bytes, double bandwidth_Bps, uint32_t n_chunks,
+                              const PoolFetchRequest& r) {
   if (bytes <= 0) return 0;
-  if (s.none()) return bytes / bandwidth_Bps;
-  const double wire = bytes / (s.ratio * bandwidth_Bps), decode = bytes / s.decode_Bps;
+  double wire = s.none() ? bytes / bandwidth_Bps : bytes / (s.ratio * bandwidth_Bps);
+  wire += SharedDelay(r.link_ahead_s, wire, 1);
+  if (s.none()) return wire;
+  double decode = bytes / s.decode_Bps;
+  decode += SharedDelay(r.codec_ahead_s, decode, r.codec_cores);
   return std::max(wire, decode) + std::min(wire, decode) / std::max<uint32_t>(1, n_chunks);
+}
+
+double PoolFetchSeconds(const StrategyCost& s, double bytes, double bandwidth_Bps, uint32_t n_chunks) {
+  return PoolFetchSecondsShared(s, bytes, bandwidth_Bps, n_chunks, PoolFetchRequest{});  // nothing in flight
 }
 
 PoolFetchDecision DecidePoolFetch(const std::vector<StrategyCost>& strategies, const std::vector<PoolOption>& options,
@@ -35,7 +59,7 @@ PoolFetchDecision DecidePoolFetch(const std::vector<StrategyCost>& strategies, c
     const double bytes = double(o.cached_tokens) * r.kv_bytes_per_token;
     const uint32_t chunks = std::max<uint32_t>(1, o.cached_tokens / std::max<uint32_t>(1, r.chunk_tokens));
     StrategyCost live = {{}, {}, s.quality, s.ratio, s.encode_Bps, s.decode_Bps * r.decode_speed};  // numbers only
-    const double t = std::max(PoolFetchSeconds(live, bytes, bandwidth_Bps, chunks), r.gpu_wait_s) +
+    const double t = std::max(PoolFetchSecondsShared(live, bytes, bandwidth_Bps, chunks, r), r.gpu_wait_s) +
                      (r.prompt_tokens - std::min(r.prompt_tokens, o.cached_tokens)) / P;
     std::snprintf(b, sizeof b, "%s%s %.3f s", others.empty() ? "" : ", ", s.name.empty() ? s.spec.c_str() : s.name.c_str(), t);
     others += b;
@@ -55,6 +79,12 @@ PoolFetchDecision DecidePoolFetch(const std::vector<StrategyCost>& strategies, c
   d.explanation += b;
   if (std::abs(r.decode_speed - 1) > 0.05) {
     std::snprintf(b, sizeof b, ", decode measured at %.2f× of profile", r.decode_speed);
+    d.explanation += b;
+  }
+  const double link_ahead = Sum(r.link_ahead_s), codec_ahead = Sum(r.codec_ahead_s);
+  if (link_ahead > 0 || codec_ahead > 0) {
+    std::snprintf(b, sizeof b, "; in flight here: link %.3f s (%zu), codec %.3f s (%zu) on %g core%s", link_ahead,
+                  r.link_ahead_s.size(), codec_ahead, r.codec_ahead_s.size(), r.codec_cores, r.codec_cores == 1 ? "" : "s");
     d.explanation += b;
   }
   if (!others.empty()) d.explanation += "; options: " + others;

@@ -1,12 +1,14 @@
 // Pool node (KV disaggregation): finds a prompt's longest cached prefix in the pool, fetches it
 // (decoding each chunk while the next is on the wire) or recomputes when that is faster,
 // computes the suffix and generates; then stores the chunks the pool lacked.
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "kvserve/codec.h"
@@ -32,6 +34,50 @@ bool SelectsTokens(const std::string& spec) {
   return false;
 }
 }  // namespace
+
+// One job's entry in the node's work in flight (work_): registered when the job starts — a
+// fetch under the lock of the decision that chose it, so a concurrent decision sees it — its
+// remaining link bytes and codec seconds lowered as its chunks move, removed when it ends.
+class PoolNode::WorkScope {
+ public:
+  // Adopts entry `id` of node->work_, made (under the node's lock) with `initial`.
+  WorkScope(PoolNode* node, uint64_t id, Work initial) : node_(node), id_(id), initial_(initial) {}
+  WorkScope(const WorkScope&) = delete;
+  WorkScope& operator=(const WorkScope&) = delete;
+  ~WorkScope() {
+    std::lock_guard<std::mutex> lock(node_->mu_);
+    node_->work_.erase(id_);
+  }
+  const Work& initial() const { return initial_; }
+  // Whether another job was in flight beside this one at some time: its timings then include
+  // sharing, which the decision adds itself, so they do not teach the live speeds.
+  bool shared() const {
+    std::lock_guard<std::mutex> lock(node_->mu_);
+    auto it = node_->work_.find(id_);
+    return it != node_->work_.end() && it->second.shared;
+  }
+  void Moved(double link_bytes, double codec_s) {
+    std::lock_guard<std::mutex> lock(node_->mu_);
+    auto it = node_->work_.find(id_);
+    if (it == node_->work_.end()) return;
+    it->second.link_bytes = std::max(0.0, it->second.link_bytes - link_bytes);
+    it->second.codec_s = std::max(0.0, it->second.codec_s - codec_s);
+  }
+
+ private:
+  PoolNode* node_;
+  uint64_t id_;
+  Work initial_;
+};
+
+uint64_t PoolNode::AddWorkLocked(Work w) {
+  if (!work_.empty()) {
+    w.shared = true;
+    for (auto& [id, other] : work_) other.shared = true;
+  }
+  work_[++next_work_] = w;
+  return next_work_;
+}
 
 struct PoolNode::Fetch {
   size_t chunks = 0;      // leading chunks fetched and decoded intact
@@ -127,7 +173,10 @@ std::array<double, 2> PoolNode::codec_speed_factors() const {
   return {speeds_.encode(), speeds_.decode()};
 }
 
-PoolNode::PoolNode(PoolNodeOptions opts) : opts_(std::move(opts)) {}
+PoolNode::PoolNode(PoolNodeOptions opts) : opts_(std::move(opts)) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) codec_cores_ = CPU_COUNT(&set);
+}
 PoolNode::~PoolNode() = default;
 
 Status PoolNode::Prepare(uint32_t n_token) { return compute_->Prepare(n_token); }
@@ -186,7 +235,7 @@ std::vector<size_t> PoolNode::StoreChoice(double floor, uint32_t prefix_tokens, 
 // stops at the first chunk missing (evicted since the lookup) or failing verification (deleted).
 // The chunks' KV fills the session's slots from 0.
 Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, serve_internal::ComputeSession* session,
-                             Fetch* out) {
+                             WorkScope* work, Fetch* out) {
   struct Item {
     size_t chunk;
     ByteBuffer value;
@@ -213,6 +262,7 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
         if (!v.value()) break;  // evicted between lookup and fetch: recompute from here
         if (opts_.pool_link) opts_.pool_link->Take(v.value()->size(), w0);  // the copy out of the pool overlaps the wire
         wire_s += Seconds(w0, Clock::now());
+        if (work) work->Moved(double(v.value()->size()), 0);
         if (!queue.Push({c, std::move(*v.value())})) break;
       }
       return Status::Ok();
@@ -220,6 +270,8 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
     queue.Finish();
   });
   KvBlock chunk;
+  // The codec seconds the fetch's entry counts for each chunk.
+  const double decode_per_chunk = work && n_chunks ? work->initial().codec_s / double(n_chunks) : 0;
   CodecOptions co;
   co.pool = opts_.threads;
   // A value claiming more than one chunk of f32 KV is refused before anything is allocated.
@@ -241,6 +293,7 @@ Status PoolNode::FetchPrefix(const std::vector<std::string>& keys, size_t n_chun
       }
       fits = fits && session->PlaceChunk(chunk, uint32_t(out->slots));
       out->decode_s += Seconds(d0, Clock::now());
+      if (work) work->Moved(0, decode_per_chunk);
       if (!fits) {
         // Never used: deleted so the next request recomputes and stores it again.
         metrics_.pool_corrupt++;
@@ -314,6 +367,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
     if (label == req.label) floor = std::max(floor, lf);
   int fetch_strategy = -1;
   size_t fetch_chunks = 0;
+  std::optional<WorkScope> fetch_work;  // adaptive: the chosen fetch's entry in work_
   bool any_present = false;
   for (size_t s : candidates) any_present |= present[s] > 0;
   const double tps = PrefillTokensPerSecond();
@@ -329,15 +383,25 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
       r.gpu_wait_s = double(queued_tokens_.load()) / tps;
       r.floor = floor;
       r.chunk_tokens = opts_.chunk_tokens;
-      double bw;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        bw = serve_internal::PlanningBps(estimator_, opts_.assume_gbps);
-        r.decode_speed = speeds_.decode();
+      // Decided and, if a fetch, registered as work in flight under one lock: concurrent
+      // decisions each see the others' fetches.
+      std::lock_guard<std::mutex> lock(mu_);
+      const double bw = serve_internal::PlanningBps(estimator_, opts_.assume_gbps);
+      r.decode_speed = speeds_.decode();
+      r.codec_cores = codec_cores_;
+      for (const auto& [id, w] : work_) {
+        if (w.link_bytes > 0) r.link_ahead_s.push_back(w.link_bytes / bw);
+        if (w.codec_s > 0) r.codec_ahead_s.push_back(w.codec_s);
       }
       const PoolFetchDecision d = DecidePoolFetch(s_, options, r, bw);
       out.explanation = d.explanation;
-      if (d.option >= 0) fetch_strategy = int(options[size_t(d.option)].strategy), fetch_chunks = present[size_t(fetch_strategy)];
+      if (d.option >= 0) {
+        fetch_strategy = int(options[size_t(d.option)].strategy), fetch_chunks = present[size_t(fetch_strategy)];
+        const StrategyCost& c = s_[size_t(fetch_strategy)];
+        const double raw = double(fetch_chunks) * opts_.chunk_tokens * bytes_per_token_;
+        const Work w{raw / std::max(1e-9, c.ratio), c.none() ? 0.0 : raw / std::max(1.0, c.decode_Bps * r.decode_speed)};
+        fetch_work.emplace(this, AddWorkLocked(w), w);  // removed when it goes, whatever way this request ends
+      }
     } else {
       fetch_strategy = int(candidates.front());
       fetch_chunks = present[candidates.front()];
@@ -352,14 +416,18 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
     std::vector<std::string> keys;
     for (size_t c = 0; c < fetch_chunks; ++c) keys.push_back(PoolChunkKey(ko, chain, c, s_[size_t(fetch_strategy)].spec));
     const Clock::time_point f0 = Clock::now();
-    const Status st = FetchPrefix(keys, fetch_chunks, session.get(), &fetched);
+    const Status st = FetchPrefix(keys, fetch_chunks, session.get(), fetch_work ? &*fetch_work : nullptr, &fetched);
+    const bool alone = !fetch_work || !fetch_work->shared();
+    fetch_work.reset();
     out.timings.fetch_s = Seconds(f0, Clock::now());
     out.timings.wire_s = fetched.wire_s;
     out.timings.decode_s = fetched.decode_s;
     if (!st.ok()) metrics_.pool_errors++;
-    if (fetched.bytes > 0 && fetched.wire_s > 0) {
+    if (fetched.bytes > 0 && fetched.wire_s > 0 && alone) {
       // Live speeds: the GETs' throughput from this backend (round trips and the client's copies
       // included) and what decoding delivered here, for every later decision (DecidePoolFetch).
+      // An adaptive node learns them from fetches that ran alone: the decision adds the sharing
+      // with the work in flight itself, and speeds measured beside it would count it twice.
       std::lock_guard<std::mutex> lock(mu_);
       estimator_.AddSample(double(fetched.bytes), fetched.wire_s, serve_internal::NowSeconds());
       last_get_sample_s_ = serve_internal::NowSeconds();
@@ -439,6 +507,17 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
     const KvBlock& src = *exact_kv;
     StageTimes encoded;
     size_t n_encoded = 0;
+    // Its encodes and PUTs, as work in flight that fetches share (adaptive nodes plan with it).
+    std::optional<WorkScope> work;
+    const double chunk_raw = double(opts_.chunk_tokens) * bytes_per_token_;
+    double encode_per_chunk = 0;
+    if (opts_.policy == "adaptive") {
+      std::lock_guard<std::mutex> lock(mu_);
+      const StrategyCost& cost = s_[s];
+      encode_per_chunk = cost.none() ? 0.0 : chunk_raw / std::max(1.0, cost.encode_Bps * speeds_.encode());
+      const Work w{double(n_full - from) * chunk_raw / std::max(1e-9, cost.ratio), double(n_full - from) * encode_per_chunk};
+      work.emplace(this, AddWorkLocked(w), w);
+    }
     for (size_t c = from; c < n_full; ++c) {
       KV_ASSIGN_OR_RETURN(KvBlock chunk, src.SliceTokens(uint32_t(c * opts_.chunk_tokens), opts_.chunk_tokens));
       ByteBuffer frame;
@@ -448,16 +527,18 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
       KV_RETURN_IF_ERROR(pipeline.Encode(chunk, &frame, co));
       encoded.encode_s += Seconds(e0, Clock::now());
       n_encoded++;
+      if (work) work->Moved(0, encode_per_chunk);
       const Clock::time_point p0 = Clock::now();
       const Status st = opts_.pool->Put(key, frame);
       if (opts_.pool_link) opts_.pool_link->Take(frame.size(), p0);
+      if (work) work->Moved(double(frame.size()), 0);
       if (!st.ok()) {
         metrics_.pool_errors++;
         break;  // the pool is down or full: serving goes on without it
       }
       out.stored_bytes += frame.size();
     }
-    if (opts_.policy == "adaptive" && n_encoded > 0) {  // profiled speeds to compare with
+    if (opts_.policy == "adaptive" && n_encoded > 0 && !(work && work->shared())) {  // profiled speeds to compare with
       std::lock_guard<std::mutex> lock(mu_);
       speeds_.Observe(s_[s], double(n_encoded) * opts_.chunk_tokens * bytes_per_token_, encoded);
     }

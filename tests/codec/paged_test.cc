@@ -202,6 +202,33 @@ TEST(PagedFastPaths, EngineSizedPagesMatchTheDenseLayout) {
   }
 }
 
+TEST_F(Paged, QuantEncodesPagesOfEveryDtypeAsTheDenseLayout) {
+  // quant codes a paged cache a (layer, K/V) part at a time, all heads' page rows together: the
+  // fused loop reads fp16/f32 rows where they lie, other dtypes gather each head's block first;
+  // both give the dense layout's frame, with a partly used last page and fp16 residual tokens.
+  for (DType dt : {DType::kF16, DType::kBF16, DType::kF32}) {
+    const KvBlock dense = dense_.ConvertTo(dt).value();
+    PagedCache cache(shape_, dt);
+    cache.Fill(dense);
+    for (const char* spec : {"quant(kbits=4,vbits=4)", "quant(kbits=3,vbits=2,residual=8)",
+                             "quant(kbits=8,vbits=8,kaxis=token,vaxis=channel,group=16)", "quant(kbits=2,vbits=2,residual=45)"}) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " " + spec);
+      EXPECT_EQ(EncodeKv(cache.view, spec).value(), EncodeKv(dense, spec).value());
+    }
+  }
+}
+
+TEST_F(Paged, QuantNamesTheHeadWhoseRangeDoesNotFitInPages) {
+  KvBlock dense = dense_.ConvertTo(DType::kF32).value();
+  dense.Set(1, KvPart::kValue, 2, 17, 3, 1e30f);
+  PagedCache cache(shape_, DType::kF32);
+  cache.Fill(dense);
+  Result<ByteBuffer> got = EncodeKv(cache.view, "quant(kbits=4,vbits=4)");
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("layer 1 V head 2"), std::string::npos) << got.status().ToString();
+  EXPECT_EQ(got.status().ToString(), EncodeKv(dense, "quant(kbits=4,vbits=4)").status().ToString());
+}
+
 TEST_F(Paged, LayerFramesAssembleIntoPages) {
   const std::string spec = "quant(kbits=4,vbits=4)|rans";
   PagedCache src(shape_, DType::kF16);

@@ -113,6 +113,28 @@ TEST_P(QuantKernelTiers, BlockKernelsEqualTheirReference) {
             ASSERT_EQ(quant::EncodeBlock(src.data(), dt, rows, D, group, bits, fast.data(), s1), m);
             ASSERT_EQ(quant::EncodeBlockReference(src.data(), dt, rows, D, group, bits, ref.data(), s2), m);
             ASSERT_EQ(fast, ref) << DTypeName(dt) << " D " << D << " group " << group << " rows " << rows << " bits " << bits;
+            // The same rows read where they lie (a paged cache's: reversed, a row apart), and the
+            // next rows asked for: the same bytes, or refused where the fused loop does not run.
+            {
+              std::vector<uint8_t> spread(2 * n * es);
+              std::vector<const uint8_t*> row_at(rows);
+              for (size_t r = 0; r < rows; ++r) {
+                row_at[r] = spread.data() + (2 * (rows - 1 - r) + 1) * D * es;
+                std::memcpy(spread.data() + (2 * (rows - 1 - r) + 1) * D * es, src.data() + r * D * es, D * es);
+              }
+              const quant::NextRows next{row_at.data(), rows, D * es};
+              std::vector<uint8_t> in_place(bytes, 0x33);
+              size_t bad = 0;
+              if (quant::EncodeBlockFromRows(row_at.data(), dt, rows, D, group, bits, in_place.data(), s1, &next, &bad)) {
+                ASSERT_EQ(bad, m);
+                ASSERT_EQ(in_place, ref) << "rows in place: " << DTypeName(dt) << " D " << D << " group " << group
+                                         << " rows " << rows << " bits " << bits;
+              } else {
+                ASSERT_FALSE(quant::HaveAvx512Kernels() && dt != DType::kBF16 && D % 16 == 0 &&
+                             (group == 0 || (group % 16 == 0 && D % group == 0)))
+                    << "the fused loop refused rows it runs on";
+              }
+            }
             // Decode into an aligned and a misaligned buffer (streaming stores only on the first).
             for (size_t shift : {0u, 1u}) {
               std::vector<uint8_t> out_fast((n + 32) * es + 64), out_ref(n * es);

@@ -70,6 +70,46 @@ TEST(PoolDecision, AMeasuredSlowDecoderMovesTheChoiceToRecompute) {
   EXPECT_NE(slowed.explanation.find("pool GETs at 15.00 Gbit/s"), std::string::npos) << slowed.explanation;
 }
 
+// Work in flight at the node is shared, not queued behind (processor sharing): other jobs delay
+// a fetch's decode by what of them overlaps it, spread over the cores, and its wire time likewise
+// on the pool link. The q4 fetch at 15 Gbit/s (wire 0.077 s, decode 0.067 s) beats the 0.17 s
+// recompute alone and beside one store's encode; two encodes on one core push its decode past
+// it, on four cores they do not; two GETs ahead on the link do.
+TEST(PoolDecision, WorkInFlightAtTheNodeIsSharedByAFetch) {
+  const std::vector<PoolOption> options = {{1, 4096}};
+  const double bytes = 4096.0 * 131072, bw = 15e9 / 8;
+  const double wire = bytes / (3.7 * bw), decode = bytes / 8e9;
+  PoolFetchRequest r = Req();
+  EXPECT_NEAR(PoolFetchSecondsShared(kStrategies[1], bytes, bw, 16, r), PoolFetchSeconds(kStrategies[1], bytes, bw, 16), 1e-12);
+  EXPECT_EQ(DecidePoolFetch(kStrategies, options, r, bw).option, 0);
+
+  r.codec_ahead_s = {0.5};
+  EXPECT_NEAR(PoolFetchSecondsShared(kStrategies[1], bytes, bw, 16, r), 2 * decode + wire / 16, 1e-9);
+  EXPECT_EQ(DecidePoolFetch(kStrategies, options, r, bw).option, 0);
+  r.codec_ahead_s = {0.01};  // nearly done: delays it by what is left
+  EXPECT_NEAR(PoolFetchSecondsShared(kStrategies[1], bytes, bw, 16, r), wire + (decode + 0.01) / 16, 1e-9);
+
+  r.codec_ahead_s = {0.5, 0.5};
+  const PoolFetchDecision busy = DecidePoolFetch(kStrategies, options, r, bw);
+  EXPECT_EQ(busy.option, -1) << busy.explanation;
+  EXPECT_NE(busy.explanation.find("in flight here: link 0.000 s (0), codec 1.000 s (2) on 1 core"), std::string::npos)
+      << busy.explanation;
+  r.codec_cores = 4;
+  EXPECT_EQ(DecidePoolFetch(kStrategies, options, r, bw).option, 0);
+
+  r = Req();
+  r.link_ahead_s = {0.5, 0.5};
+  EXPECT_NEAR(PoolFetchSecondsShared(kStrategies[1], bytes, bw, 16, r), 3 * wire + decode / 16, 1e-9);
+  const PoolFetchDecision queued = DecidePoolFetch(kStrategies, options, r, bw);
+  EXPECT_EQ(queued.option, -1) << queued.explanation;
+  EXPECT_NE(queued.explanation.find("link 1.000 s (2)"), std::string::npos) << queued.explanation;
+  // An uncompressed copy has no decode: the codec's work in flight does not touch it.
+  r = Req();
+  r.gpu_wait_s = 0.5;
+  r.codec_ahead_s = {5.0};
+  EXPECT_EQ(DecidePoolFetch(kStrategies, {{0, 4096}}, r, bw).option, 0);
+}
+
 // One factor per stage, from any strategy: the first measurement is taken whole, later ones
 // averaged in log space; none, small stages and unmeasured stages teach nothing.
 TEST(LiveCodecSpeeds, LearnsOneFactorPerStageFromWhateverRan) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <thread>
 
 #include "kvserve/frame.h"
 #include "kvserve/profile.h"
@@ -181,23 +182,34 @@ class SlowGetPool : public KvPool {
   double delay_s_;
 };
 
+// An adaptive node's setting: synthetic llama3-8b KV (128 KiB a token; recomputing 129 tokens
+// takes 0.13 s), an embedded pool whose GETs each take get_delay_s, planned at assume_gbps
+// until the node measures (no probe).
+struct SlowPoolSetup {
+  Profile profile = LoadProfile(SourceDir() + "/bench/profiles/default.json").value();
+  SyntheticModel sm;
+  std::unique_ptr<KvPool> inner = MakeEmbeddedPool();
+  SlowGetPool pool;
+  PoolNodeOptions options;
+  SlowPoolSetup(double get_delay_s, double assume_gbps) : pool(inner.get(), get_delay_s) {
+    sm.prefill_tokens_per_second = 1000;
+    options.synthetic = &sm;
+    options.pool = &pool;
+    options.chunk_tokens = kChunk;
+    options.profile = &profile;
+    options.assume_gbps = assume_gbps;
+    options.probe = false;
+  }
+};
+
 // Item 5 of the service-aware controller: the fetch decision plans with what this node's
 // backend and decoder delivered, not with the link it was told about and the profile's speeds.
 // The node assumes 2 Gbit/s and fetches; its GETs take 30 ms a chunk (a backend far slower than
 // that); the next request recomputes, and says at what GET throughput it planned.
 TEST(PoolNode, AdaptivePlansWithTheMeasuredGetThroughputAndCodecSpeeds) {
-  const Profile profile = LoadProfile(SourceDir() + "/bench/profiles/default.json").value();
-  SyntheticModel sm;                  // llama3-8b shape: 128 KiB of KV a token
-  sm.prefill_tokens_per_second = 1000;  // recomputing 129 tokens: 0.13 s
-  auto inner = MakeEmbeddedPool();
-  SlowGetPool pool(inner.get(), 0.03);
-  PoolNodeOptions o;
-  o.synthetic = &sm;
-  o.pool = &pool;
-  o.chunk_tokens = kChunk;
-  o.profile = &profile;
-  o.assume_gbps = 2;
-  o.probe = false;  // learned from the fetches alone (the probe is below)
+  SlowPoolSetup setup(0.03, 2);  // learned from the fetches alone (the probe is below)
+  PoolNodeOptions& o = setup.options;
+  KvPool* inner = setup.inner.get();
   auto made = PoolNode::Create(o);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   PoolNode& node = *made.value();
@@ -236,6 +248,44 @@ TEST(PoolNode, AdaptivePlansWithTheMeasuredGetThroughputAndCodecSpeeds) {
   auto first = probed.value()->Serve(req);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ(first->pool_action, "recompute") << first->explanation;
+}
+
+// A fetch shares the node's pool link and cores with the fetches and stores in flight, and the
+// decision says what it saw: a request that decides while another's fetch is still on its slow
+// GETs counts that fetch's link bytes and decode; once every job has ended nothing is counted,
+// and only a fetch that ran alone teaches the node its GET throughput.
+TEST(PoolNode, AdaptiveDecisionsSeeTheWorkInFlightAtTheNode) {
+  SlowPoolSetup setup(0.1, 20);  // a fetch of 8 chunks: 0.8 s
+  auto made = PoolNode::Create(setup.options);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  PoolNode& node = *made.value();
+  ServeRequest req;
+  req.prompt.assign(129, 7);
+  req.max_new_tokens = 1;
+  ASSERT_TRUE(node.Prepare(129).ok());
+  auto miss = node.Serve(req);  // stores a compressed copy
+  ASSERT_TRUE(miss.ok()) << miss.status().ToString();
+  ASSERT_GT(miss->stored_bytes, 0u);
+  EXPECT_EQ(miss->explanation.find("in flight here"), std::string::npos) << miss->explanation;
+  Result<ServeResponse> first = Status::Internal("not run");
+  std::thread t([&] { first = node.Serve(req); });
+  ::usleep(300000);  // the first fetch is on its GETs
+  auto second = node.Serve(req);
+  t.join();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_EQ(first->pool_action, "fetch") << first->explanation;
+  EXPECT_EQ(first->explanation.find("in flight here"), std::string::npos) << first->explanation;
+  EXPECT_NE(second->explanation.find("in flight here: link "), std::string::npos) << second->explanation;
+  EXPECT_NE(second->explanation.find(" (1), codec "), std::string::npos) << second->explanation;
+  // Fetches that ran beside each other do not teach the GET throughput (the decision adds the
+  // sharing itself); one alone does: 8 GETs of 0.1 s for a few MiB, well under 1 Gbit/s.
+  EXPECT_EQ(node.bandwidth_estimate_gbps(), 20.0);
+  auto third = node.Serve(req);
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  EXPECT_EQ(third->pool_action, "fetch") << third->explanation;
+  EXPECT_EQ(third->explanation.find("in flight here"), std::string::npos) << third->explanation;
+  EXPECT_LT(node.bandwidth_estimate_gbps(), 1.0);
 }
 
 // Deletes each key just before it is fetched, once armed: eviction between lookup and fetch.
