@@ -215,6 +215,7 @@ class NodeHttp {
     f.codec_speed = [n] { return n->codec_speed_factors(); };
     if constexpr (requires { n->pool_backend(); }) f.backend = n->pool_backend();
     if constexpr (requires { n->queues(); }) f.queues = [n] { return n->queues(); };
+    if constexpr (requires { n->work_in_flight(); }) f.pool_work = [n] { return n->work_in_flight(); };
     if constexpr (requires { n->send_cost_seconds_per_byte(); }) f.send_cost = [n] { return n->send_cost_seconds_per_byte(); };
     server_.SetMaxBodyBytes(serve_internal::NodeBodyLimit(f.model));
     f.ready.store(true, std::memory_order_release);

@@ -296,6 +296,14 @@ struct PoolNodeOptions {
 // the wire) and computes only the suffix, or recomputes when that is faster; afterwards the
 // chunks the pool lacked are stored. A bad value (checksum, shape) is deleted and recomputed,
 // never used. Thread-safe.
+// What the fetches and stores in flight at a pool node have left (its fetch decision shares it):
+// seconds on the pool link at the planning bandwidth, codec seconds on the node's cores, and how
+// many jobs hold each.
+struct PoolWorkState {
+  double link_s = 0, codec_s = 0;
+  uint32_t link_jobs = 0, codec_jobs = 0;
+};
+
 class PoolNode {
  public:
   static Result<std::unique_ptr<PoolNode>> Create(PoolNodeOptions opts);
@@ -307,6 +315,7 @@ class PoolNode {
   double link_latency_seconds() const;  // the estimator's per-fetch latency (0 until measured)
   // Live over profiled codec speed, {encode, decode} (1 until measured; LiveCodecSpeeds).
   std::array<double, 2> codec_speed_factors() const;
+  PoolWorkState work_in_flight() const;  // adaptive nodes (others keep none)
   std::string pool_backend() const { return opts_.pool ? opts_.pool->name() : "none"; }
   // Strategy 0 is none; adaptive nodes have the profile's after it.
   const std::vector<StrategyCost>& strategies() const { return s_; }

@@ -364,6 +364,17 @@ void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front) {
            "kvserve_queue_transfers{" + labels + ",resource=\"link\"} " + std::to_string(q.link_jobs) + "\n"
            "kvserve_queue_transfers{" + labels + ",resource=\"encode\"} " + std::to_string(q.encode_jobs) + "\n";
     }
+    if (ready && f.pool_work) {
+      const PoolWorkState w = f.pool_work();
+      m += "# HELP kvserve_work_in_flight_seconds work the fetches and stores in flight have left, per resource (what a fetch decision shares)\n"
+           "# TYPE kvserve_work_in_flight_seconds gauge\n"
+           "kvserve_work_in_flight_seconds{" + labels + ",resource=\"link\"} " + Num(w.link_s) + "\n"
+           "kvserve_work_in_flight_seconds{" + labels + ",resource=\"codec\"} " + Num(w.codec_s) + "\n"
+           "# HELP kvserve_work_in_flight_jobs fetches and stores in flight holding each resource\n"
+           "# TYPE kvserve_work_in_flight_jobs gauge\n"
+           "kvserve_work_in_flight_jobs{" + labels + ",resource=\"link\"} " + std::to_string(w.link_jobs) + "\n"
+           "kvserve_work_in_flight_jobs{" + labels + ",resource=\"codec\"} " + std::to_string(w.codec_jobs) + "\n";
+    }
     ex.Reply(200, "text/plain; version=0.0.4", m);
   });
   server->SetFallback([](HttpExchange& ex) { ReplyOpenAiError(ex, NotFound(ex.request())); });

@@ -67,6 +67,7 @@ struct NodeFront {
   std::function<std::array<double, 2>()> codec_speed;  // live over profiled {encode, decode} speed
   std::function<double()> send_cost;  // prefill nodes: send CPU on the codec's cores, seconds per wire byte
   std::function<QueueState()> queues;  // prefill nodes: what the transfers in flight have left
+  std::function<PoolWorkState()> pool_work;  // pool nodes: what the fetches and stores in flight have left
   std::string backend;  // pool nodes: the pool's backend, a label on the link gauges
   std::function<void(const std::string&)> log;   // one JSON line per request; null: quiet
   // False while the node loads (its model, profile, prepared KV): /health answers 503 and the

@@ -173,6 +173,17 @@ std::array<double, 2> PoolNode::codec_speed_factors() const {
   return {speeds_.encode(), speeds_.decode()};
 }
 
+PoolWorkState PoolNode::work_in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  PoolWorkState w;
+  const double bw = serve_internal::PlanningBps(estimator_, opts_.assume_gbps);
+  for (const auto& [id, job] : work_) {
+    if (job.link_bytes > 0) w.link_s += job.link_bytes / bw, w.link_jobs++;
+    if (job.codec_s > 0) w.codec_s += job.codec_s, w.codec_jobs++;
+  }
+  return w;
+}
+
 PoolNode::PoolNode(PoolNodeOptions opts) : opts_(std::move(opts)) {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) codec_cores_ = CPU_COUNT(&set);

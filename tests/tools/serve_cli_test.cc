@@ -996,6 +996,11 @@ TEST(ServeCli, PoolNodeProcessFetchesTheSharedPrefixAndGivesLocalText) {
       << metrics->body;
   EXPECT_NE(metrics->body.find("kvserve_codec_speed_factor{node=\"pool\",backend=\"embedded\",stage=\"decode\"}"),
             std::string::npos) << metrics->body;
+  // Nothing in flight once the requests have ended: what the next fetch decision would share.
+  EXPECT_NE(metrics->body.find("kvserve_work_in_flight_seconds{node=\"pool\",backend=\"embedded\",resource=\"codec\"} 0.0\n"),
+            std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("kvserve_work_in_flight_jobs{node=\"pool\",backend=\"embedded\",resource=\"link\"} 0\n"),
+            std::string::npos) << metrics->body;
   auto unknown = kvserve::testing::Cli("serve pool -m stories260K --pool memcached://x:1 --listen 127.0.0.1:0");
   EXPECT_NE(unknown.code, 0);
   EXPECT_NE(unknown.out.find("memcached://x:1"), std::string::npos) << unknown.out;
