@@ -353,27 +353,27 @@ void AddNodeRoutes(HttpServer* server, std::shared_ptr<NodeFront> front) {
            "# TYPE kvserve_send_cpu_seconds_per_byte gauge\nkvserve_send_cpu_seconds_per_byte{" + labels + "} " +
            Num(f.send_cost()) + "\n";
     }
+    // A gauge per resource: `name`{labels,resource="link"} and {…,resource=second}.
+    auto per_resource = [&](const std::string& name, const std::string& help, const std::string& second,
+                            const std::string& link_value, const std::string& second_value) {
+      m += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + "{" + labels +
+           ",resource=\"link\"} " + link_value + "\n" + name + "{" + labels + ",resource=\"" + second + "\"} " +
+           second_value + "\n";
+    };
     if (ready && f.queues) {
       const QueueState q = f.queues();
-      m += "# HELP kvserve_queue_seconds work the transfers in flight have left, per resource (what the adaptive rule plans behind)\n"
-           "# TYPE kvserve_queue_seconds gauge\n"
-           "kvserve_queue_seconds{" + labels + ",resource=\"link\"} " + Num(q.link_wait) + "\n"
-           "kvserve_queue_seconds{" + labels + ",resource=\"encode\"} " + Num(q.encode_wait) + "\n"
-           "# HELP kvserve_queue_transfers transfers in flight holding each resource\n"
-           "# TYPE kvserve_queue_transfers gauge\n"
-           "kvserve_queue_transfers{" + labels + ",resource=\"link\"} " + std::to_string(q.link_jobs) + "\n"
-           "kvserve_queue_transfers{" + labels + ",resource=\"encode\"} " + std::to_string(q.encode_jobs) + "\n";
+      per_resource("kvserve_queue_seconds", "work the transfers in flight have left, per resource (what the adaptive rule plans behind)",
+                   "encode", Num(q.link_wait), Num(q.encode_wait));
+      per_resource("kvserve_queue_transfers", "transfers in flight holding each resource", "encode",
+                   std::to_string(q.link_jobs), std::to_string(q.encode_jobs));
     }
     if (ready && f.pool_work) {
       const PoolWorkState w = f.pool_work();
-      m += "# HELP kvserve_work_in_flight_seconds work the fetches and stores in flight have left, per resource (what a fetch decision shares)\n"
-           "# TYPE kvserve_work_in_flight_seconds gauge\n"
-           "kvserve_work_in_flight_seconds{" + labels + ",resource=\"link\"} " + Num(w.link_s) + "\n"
-           "kvserve_work_in_flight_seconds{" + labels + ",resource=\"codec\"} " + Num(w.codec_s) + "\n"
-           "# HELP kvserve_work_in_flight_jobs fetches and stores in flight holding each resource\n"
-           "# TYPE kvserve_work_in_flight_jobs gauge\n"
-           "kvserve_work_in_flight_jobs{" + labels + ",resource=\"link\"} " + std::to_string(w.link_jobs) + "\n"
-           "kvserve_work_in_flight_jobs{" + labels + ",resource=\"codec\"} " + std::to_string(w.codec_jobs) + "\n";
+      per_resource("kvserve_work_in_flight_seconds",
+                   "work the fetches and stores in flight have left, per resource (what a fetch decision shares)", "codec",
+                   Num(w.link_s), Num(w.codec_s));
+      per_resource("kvserve_work_in_flight_jobs", "fetches and stores in flight holding each resource", "codec",
+                   std::to_string(w.link_jobs), std::to_string(w.codec_jobs));
     }
     ex.Reply(200, "text/plain; version=0.0.4", m);
   });
