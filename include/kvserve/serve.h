@@ -330,6 +330,8 @@ class PoolNode {
     bool shared = false;  // another job was in flight beside it at some time
   };
   uint64_t AddWorkLocked(Work w);  // registers a job (mu_ held); marks it and those in flight shared
+  // Each job's remaining seconds on the pool link (at bw) and on the codec (mu_ held): what a fetch shares.
+  void WorkAheadLocked(double bw, std::vector<double>* link_s, std::vector<double>* codec_s) const;
   class WorkScope;  // one job's entry in work_, updated as its chunks move, removed at its end
   Status FetchPrefix(const std::vector<std::string>& keys, size_t n_chunks, serve_internal::ComputeSession* session,
                      WorkScope* work, Fetch* out);

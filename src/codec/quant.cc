@@ -41,6 +41,23 @@ struct PartLayout {
   }
 };
 
+// The error of a block whose group `bad` (its min/max left in s) does not fit fp16 metadata.
+Status RangeError(const quant::BlockScratch& s, size_t bad) {
+  return Status::InvalidArgument("value range [" + std::to_string(s.mn[bad]) + ", " + std::to_string(s.mx[bad]) +
+                                 "] of a group does not fit fp16 quantisation metadata");
+}
+
+// The most recent tokens' n values (contiguous, `dt`), kept as fp16.
+void ResidualToF16(const uint8_t* src, DType dt, size_t n, uint8_t* dst, quant::BlockScratch& s) {
+  if (dt == DType::kF16) {
+    std::memcpy(dst, src, n * 2);
+    return;
+  }
+  s.Reserve(n, 0);
+  ConvertToF32(dt, src, s.x.data(), n);
+  ConvertFromF32(DType::kF16, s.x.data(), dst, n);
+}
+
 Status EncodeSlab(RowBlocks& in, DType dt, const PartLayout& p, uint8_t* dst, quant::BlockScratch& s) {
   const size_t D = p.head_dim;
   const uint32_t n_token = p.n_quant + p.residual;
@@ -51,23 +68,11 @@ Status EncodeSlab(RowBlocks& in, DType dt, const PartLayout& p, uint8_t* dst, qu
     // (reading the rows where they lie inside the kernel measured no faster).
     const uint8_t* src = in.Read(t0, bt, std::min(p.block_tokens(), n_token - t0 - bt));
     const size_t bad = quant::EncodeBlock(src, dt, bt, D, p.kernel_group(), p.bits, dst, s);
-    if (bad < m) {
-      return Status::InvalidArgument("value range [" + std::to_string(s.mn[bad]) + ", " + std::to_string(s.mx[bad]) +
-                                     "] of a group does not fit fp16 quantisation metadata");
-    }
+    if (bad < m) return RangeError(s, bad);
     dst += p.block_bytes(bt);
   }
   const size_t nr = size_t{p.residual} * D;
-  if (nr > 0) {
-    const uint8_t* r = in.Read(p.n_quant, p.residual, 0);
-    if (dt == DType::kF16) {
-      std::memcpy(dst, r, nr * 2);
-    } else {
-      s.Reserve(nr, 0);
-      ConvertToF32(dt, r, s.x.data(), nr);
-      ConvertFromF32(DType::kF16, s.x.data(), dst, nr);
-    }
-  }
+  if (nr > 0) ResidualToF16(in.Read(p.n_quant, p.residual, 0), dt, nr, dst, s);
   return Status::Ok();
 }
 
@@ -123,24 +128,12 @@ void EncodePagedPart(PagedPartRows& in, DType dt, const PartLayout& p, uint8_t* 
                                       &bad)) {
         bad = quant::EncodeBlock(in.ReadHead(h, t0, bt), dt, bt, D, p.kernel_group(), p.bits, dst[h] + done, s);
       }
-      if (bad < m && errors[h].ok()) {
-        errors[h] = Status::InvalidArgument("value range [" + std::to_string(s.mn[bad]) + ", " +
-                                            std::to_string(s.mx[bad]) + "] of a group does not fit fp16 quantisation metadata");
-      }
+      if (bad < m && errors[h].ok()) errors[h] = RangeError(s, bad);
     }
     done += p.block_bytes(bt);
   }
   const size_t nr = size_t{p.residual} * D;
-  for (uint32_t h = 0; h < H && nr > 0; ++h) {
-    const uint8_t* r = in.ReadHead(h, p.n_quant, p.residual);
-    if (dt == DType::kF16) {
-      std::memcpy(dst[h] + done, r, nr * 2);
-    } else {
-      s.Reserve(nr, 0);
-      ConvertToF32(dt, r, s.x.data(), nr);
-      ConvertFromF32(DType::kF16, s.x.data(), dst[h] + done, nr);
-    }
-  }
+  for (uint32_t h = 0; h < H && nr > 0; ++h) ResidualToF16(in.ReadHead(h, p.n_quant, p.residual), dt, nr, dst[h] + done, s);
 }
 
 class QuantStage final : public Stage {

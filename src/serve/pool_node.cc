@@ -173,14 +173,23 @@ std::array<double, 2> PoolNode::codec_speed_factors() const {
   return {speeds_.encode(), speeds_.decode()};
 }
 
-PoolWorkState PoolNode::work_in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  PoolWorkState w;
-  const double bw = serve_internal::PlanningBps(estimator_, opts_.assume_gbps);
+void PoolNode::WorkAheadLocked(double bw, std::vector<double>* link_s, std::vector<double>* codec_s) const {
   for (const auto& [id, job] : work_) {
-    if (job.link_bytes > 0) w.link_s += job.link_bytes / bw, w.link_jobs++;
-    if (job.codec_s > 0) w.codec_s += job.codec_s, w.codec_jobs++;
+    if (job.link_bytes > 0) link_s->push_back(job.link_bytes / bw);
+    if (job.codec_s > 0) codec_s->push_back(job.codec_s);
   }
+}
+
+PoolWorkState PoolNode::work_in_flight() const {
+  std::vector<double> link, codec;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    WorkAheadLocked(serve_internal::PlanningBps(estimator_, opts_.assume_gbps), &link, &codec);
+  }
+  PoolWorkState w;
+  for (double x : link) w.link_s += x;
+  for (double x : codec) w.codec_s += x;
+  w.link_jobs = uint32_t(link.size()), w.codec_jobs = uint32_t(codec.size());
   return w;
 }
 
@@ -400,10 +409,7 @@ Result<ServeResponse> PoolNode::Serve(const ServeRequest& req, const TokenSink& 
       const double bw = serve_internal::PlanningBps(estimator_, opts_.assume_gbps);
       r.decode_speed = speeds_.decode();
       r.codec_cores = codec_cores_;
-      for (const auto& [id, w] : work_) {
-        if (w.link_bytes > 0) r.link_ahead_s.push_back(w.link_bytes / bw);
-        if (w.codec_s > 0) r.codec_ahead_s.push_back(w.codec_s);
-      }
+      WorkAheadLocked(bw, &r.link_ahead_s, &r.codec_ahead_s);
       const PoolFetchDecision d = DecidePoolFetch(s_, options, r, bw);
       out.explanation = d.explanation;
       if (d.option >= 0) {
