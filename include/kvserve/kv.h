@@ -283,6 +283,10 @@ void ConvertFromF32(DType dst_dtype, const float* src, void* dst, size_t n);
 // As ConvertFromF32, with non-temporal stores where possible: for output that is written once
 // and not read back soon (decoding a large block), so the stores skip the read-for-ownership.
 void ConvertFromF32Streaming(DType dst_dtype, const float* src, void* dst, size_t n);
+// Row r of `src` (row_len values each) to rows[r], as ConvertFromF32Streaming, with one fence
+// after the last row rather than one per row: for the scattered rows of a paged cache.
+void ConvertFromF32StreamingRows(DType dst_dtype, const float* src, size_t row_len, uint8_t* const* rows,
+                                 size_t n_rows);
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);       // round to nearest even, overflow to inf, NaN kept
 float BFloat16ToFloat(uint16_t b);

@@ -80,12 +80,9 @@ void DecodeSlab(const uint8_t* src, const PartLayout& p, DType dt, RowBlocks& ou
   const size_t D = p.head_dim;
   for (uint32_t t0 = 0; t0 < p.n_quant; t0 += p.block_tokens()) {
     const uint32_t bt = std::min(p.block_tokens(), p.n_quant - t0);
-    // A paged slab's rows are written where they lie when the fused kernel can, else via a buffer.
-    uint8_t* const* rows = out.RowsFrom(t0);
-    if (!rows || !quant::DecodeBlockToRows(src, bt, D, p.kernel_group(), p.bits, dt, rows, s)) {
-      quant::DecodeBlock(src, bt, D, p.kernel_group(), p.bits, dt, out.Write(t0, bt), s);
-      out.Wrote(t0, bt);
-    }
+    // A paged slab's rows are written where they lie.
+    if (uint8_t* const* rows = out.RowsFrom(t0)) quant::DecodeBlockToRows(src, bt, D, p.kernel_group(), p.bits, dt, rows, s);
+    else quant::DecodeBlock(src, bt, D, p.kernel_group(), p.bits, dt, out.Write(t0, bt), s);
     src += p.block_bytes(bt);
   }
   quant::StreamFence();
@@ -106,8 +103,9 @@ void DecodeSlab(const uint8_t* src, const PartLayout& p, DType dt, RowBlocks& ou
 // The n_head_kv slabs of one (layer, K/V) part of a paged cache, which share one layout, encoded
 // a block of tokens at a time, head after head (PagedPartRows). The fused kernel reads each head's
 // rows where they lie and, while it codes, asks for a share of the next block's page rows, so
-// they are in cache when read (paged/dense encode 0.6 -> 0.8, docs/results/paged.md); where it
-// does not run, a head's block is gathered first. dst[h]: head h's slab output; errors[h]: its status.
+// they are in cache when read (paged/dense encode 0.6 -> 0.8, docs/results/paged.md); the float
+// path elsewhere converts each row where it lies and asks the same. dst[h]: head h's slab output;
+// errors[h]: its status.
 void EncodePagedPart(PagedPartRows& in, DType dt, const PartLayout& p, uint8_t* const* dst, Status* errors,
                      quant::BlockScratch& s) {
   thread_local std::vector<const uint8_t*> head_rows;
@@ -123,11 +121,8 @@ void EncodePagedPart(PagedPartRows& in, DType dt, const PartLayout& p, uint8_t* 
       const uint32_t a = next_n * h / H, b = next_n * (h + 1) / H;
       const quant::NextRows next{in.PageRows(next_t0 + a), b - a, in.page_row_bytes()};
       in.HeadRows(h, t0, bt, &head_rows);
-      size_t bad;
-      if (!quant::EncodeBlockFromRows(head_rows.data(), dt, bt, D, p.kernel_group(), p.bits, dst[h] + done, s, &next,
-                                      &bad)) {
-        bad = quant::EncodeBlock(in.ReadHead(h, t0, bt), dt, bt, D, p.kernel_group(), p.bits, dst[h] + done, s);
-      }
+      const size_t bad =
+          quant::EncodeBlockFromRows(head_rows.data(), dt, bt, D, p.kernel_group(), p.bits, dst[h] + done, s, &next);
       if (bad < m && errors[h].ok()) errors[h] = RangeError(s, bad);
     }
     done += p.block_bytes(bt);

@@ -494,13 +494,11 @@ void WriteBlock(size_t m, size_t n, int bits, bool reference, uint8_t* dst, Bloc
   else PackCodes(s.codes.data(), n8, bits, dst + m * 4);
 }
 
-// The float path: convert, min/max, ranges, codes, pack. `reference` picks the plain kernels.
-size_t EncodeBlockComposed(const void* src, DType dt, size_t rows, size_t D, size_t group, int bits, uint8_t* dst,
-                           BlockScratch& s, bool reference) {
+// The float path from s.x (the block converted): min/max, ranges, codes, pack. `reference`
+// picks the plain kernels.
+size_t EncodeFloatBlock(size_t rows, size_t D, size_t group, int bits, uint8_t* dst, BlockScratch& s, bool reference) {
   const size_t n = rows * D, m = BlockMetaCount(rows, D, group);
   const int levels = (1 << bits) - 1;
-  s.Reserve(n, m);
-  ConvertToF32(dt, src, s.x.data(), n);
   if (group == 0) ColumnMinMax(s.x.data(), rows, D, s.mn.data(), s.mx.data());
   else if (reference) RowGroupMinMax(s.x.data(), rows, D, group, s.mn.data(), s.mx.data());
   else RowGroupMinMaxFast(s.x.data(), rows, D, group, s.mn.data(), s.mx.data());
@@ -517,6 +515,13 @@ size_t EncodeBlockComposed(const void* src, DType dt, size_t rows, size_t D, siz
   }
   WriteBlock(m, n, bits, reference, dst, s);
   return m;
+}
+
+size_t EncodeBlockComposed(const void* src, DType dt, size_t rows, size_t D, size_t group, int bits, uint8_t* dst,
+                           BlockScratch& s, bool reference) {
+  s.Reserve(rows * D, BlockMetaCount(rows, D, group));
+  ConvertToF32(dt, src, s.x.data(), rows * D);
+  return EncodeFloatBlock(rows, D, group, bits, dst, s, reference);
 }
 
 // Reads the metadata into float lo/step and unpacks the codes.
@@ -929,24 +934,30 @@ size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, siz
   return EncodeBlockComposed(src, dt, rows, n_channel, group, bits, dst, s, false);
 }
 
-bool EncodeBlockFromRows(const uint8_t* const* row_in, DType dt, size_t rows, size_t n_channel, size_t group, int bits,
-                         uint8_t* dst, BlockScratch& s, const NextRows* next, size_t* bad) {
+size_t EncodeBlockFromRows(const uint8_t* const* row_in, DType dt, size_t rows, size_t n_channel, size_t group, int bits,
+                           uint8_t* dst, BlockScratch& s, const NextRows* next) {
 #ifdef KVSERVE_QUANT_AVX512
   if (cpu::Use(cpu::Tier::kAvx512) && FusedWidthsFit(n_channel, group) && rows > 0) {
     if (dt == DType::kF16) {
       const RowPointers<uint16_t> rows_of{reinterpret_cast<const uint16_t* const*>(row_in)};
-      *bad = EncodeBlockAvx512<uint16_t>(rows_of, rows, n_channel, group, bits, dst, s, next);
-      return true;
+      return EncodeBlockAvx512<uint16_t>(rows_of, rows, n_channel, group, bits, dst, s, next);
     }
     if (dt == DType::kF32) {
       const RowPointers<float> rows_of{reinterpret_cast<const float* const*>(row_in)};
-      *bad = EncodeBlockAvx512<float>(rows_of, rows, n_channel, group, bits, dst, s, next);
-      return true;
+      return EncodeBlockAvx512<float>(rows_of, rows, n_channel, group, bits, dst, s, next);
     }
   }
 #endif
-  (void)row_in, (void)dt, (void)rows, (void)n_channel, (void)group, (void)bits, (void)dst, (void)s, (void)next, (void)bad;
-  return false;
+  // Elsewhere: each row converted to float where it lies (no gathered copy), a share of `next`
+  // asked for after each, then the float path.
+  s.Reserve(rows * n_channel, BlockMetaCount(rows, n_channel, group));
+  const size_t next_bytes = next ? next->n_rows * next->row_bytes : 0;
+  for (size_t r = 0; r < rows; ++r) {
+    ConvertToF32(dt, row_in[r], s.x.data() + r * n_channel, n_channel);
+    for (size_t b = next_bytes * r / rows & ~size_t{63}; b < next_bytes * (r + 1) / rows; b += 64)
+      __builtin_prefetch(next->rows[b / next->row_bytes] + b % next->row_bytes);
+  }
+  return EncodeFloatBlock(rows, n_channel, group, bits, dst, s, false);
 }
 
 void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt, void* dst,
@@ -971,25 +982,34 @@ void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group
   DecodeBlockComposed(src, rows, n_channel, group, bits, dt, dst, s, false);
 }
 
-bool DecodeBlockToRows(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt,
+void DecodeBlockToRows(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt,
                        uint8_t* const* row_out, BlockScratch& s) {
 #ifdef KVSERVE_QUANT_AVX512
   if (cpu::Use(cpu::Tier::kAvx512) && dt == DType::kF16 && FusedWidthsFit(n_channel, group)) {
     s.Reserve(rows * n_channel, BlockMetaCount(rows, n_channel, group));
+    bool done = false;
     switch (bits) {
-      case 1: return DecodeBlockFused<1>(src, rows, n_channel, group, dt, nullptr, s, row_out);
-      case 2: return DecodeBlockFused<2>(src, rows, n_channel, group, dt, nullptr, s, row_out);
-      case 3: return DecodeBlockFused<3>(src, rows, n_channel, group, dt, nullptr, s, row_out);
-      case 4: return DecodeBlockFused<4>(src, rows, n_channel, group, dt, nullptr, s, row_out);
-      case 5: return DecodeBlockFused<5>(src, rows, n_channel, group, dt, nullptr, s, row_out);
-      case 6: return DecodeBlockFused<6>(src, rows, n_channel, group, dt, nullptr, s, row_out);
-      case 7: return DecodeBlockFused<7>(src, rows, n_channel, group, dt, nullptr, s, row_out);
-      case 8: return DecodeBlockFused<8>(src, rows, n_channel, group, dt, nullptr, s, row_out);
+      case 1: done = DecodeBlockFused<1>(src, rows, n_channel, group, dt, nullptr, s, row_out); break;
+      case 2: done = DecodeBlockFused<2>(src, rows, n_channel, group, dt, nullptr, s, row_out); break;
+      case 3: done = DecodeBlockFused<3>(src, rows, n_channel, group, dt, nullptr, s, row_out); break;
+      case 4: done = DecodeBlockFused<4>(src, rows, n_channel, group, dt, nullptr, s, row_out); break;
+      case 5: done = DecodeBlockFused<5>(src, rows, n_channel, group, dt, nullptr, s, row_out); break;
+      case 6: done = DecodeBlockFused<6>(src, rows, n_channel, group, dt, nullptr, s, row_out); break;
+      case 7: done = DecodeBlockFused<7>(src, rows, n_channel, group, dt, nullptr, s, row_out); break;
+      case 8: done = DecodeBlockFused<8>(src, rows, n_channel, group, dt, nullptr, s, row_out); break;
     }
+    if (done) return;
   }
 #endif
-  (void)src, (void)rows, (void)n_channel, (void)group, (void)bits, (void)dt, (void)row_out, (void)s;
-  return false;
+  // Elsewhere: dequantise the block to floats (in cache) and convert each row into its page with
+  // non-temporal stores. Decoding into a block buffer first would stream it out of cache with
+  // the dense path's stores, only to read it back (paged/dense decode 0.56 on AVX2, docs/results/paged.md).
+  const size_t m = BlockMetaCount(rows, n_channel, group);
+  s.Reserve(rows * n_channel, m);
+  ReadBlock(src, m, rows * n_channel, bits, s);
+  if (group == 0) DequantizeColumns(s.codes.data(), rows, n_channel, s.lo.data(), s.step.data(), s.x.data());
+  else DequantizeRowGroups(s.codes.data(), rows, n_channel, group, s.lo.data(), s.step.data(), s.x.data());
+  ConvertFromF32StreamingRows(dt, s.x.data(), n_channel, row_out, rows);
 }
 
 size_t EncodeBlockReference(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits,

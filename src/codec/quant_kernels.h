@@ -93,10 +93,9 @@ struct NextRows {
 size_t EncodeBlock(const void* src, DType dt, size_t rows, size_t n_channel, size_t group, int bits, uint8_t* dst,
                    BlockScratch& s, const NextRows* next = nullptr);
 // EncodeBlock of rows that lie anywhere (row r at row_in[r]: a paged cache's rows, read where they
-// lie), the same bytes; *bad as EncodeBlock returns it. Only where the fused loop runs: returns
-// false (nothing written) elsewhere, and the caller gathers the rows and calls EncodeBlock.
-bool EncodeBlockFromRows(const uint8_t* const* row_in, DType dt, size_t rows, size_t n_channel, size_t group, int bits,
-                         uint8_t* dst, BlockScratch& s, const NextRows* next, size_t* bad);
+// lie, with no gathered copy), the same bytes and the same return; `next` is asked for meanwhile.
+size_t EncodeBlockFromRows(const uint8_t* const* row_in, DType dt, size_t rows, size_t n_channel, size_t group, int bits,
+                           uint8_t* dst, BlockScratch& s, const NextRows* next);
 // Decodes such a block into `dt`. For fp16 and f32 the fused loop unpacks the bit planes and
 // dequantises (and converts) in registers, 16 values at a time, when the block's rows line up
 // with the planes (a multiple of 8 covers every width).
@@ -107,9 +106,8 @@ void StreamFence();
 void DecodeBlock(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt, void* dst,
                  BlockScratch& s);
 // DecodeBlock with row r written to row_out[r] (a paged cache's rows; non-temporal stores where
-// 64-byte aligned, so StreamFence() after the slab). Only where the fused fp16 loop runs; returns
-// false (nothing written) elsewhere, and the caller decodes into a buffer and copies.
-bool DecodeBlockToRows(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt,
+// aligned, so StreamFence() after the slab).
+void DecodeBlockToRows(const uint8_t* src, size_t rows, size_t n_channel, size_t group, int bits, DType dt,
                        uint8_t* const* row_out, BlockScratch& s);
 // The same two as compositions of the plain kernels above: the definitions the fast loops are
 // tested against (encode byte for byte; decode within one fp16 ulp, as fma rounds once).

@@ -248,6 +248,34 @@ TEST_P(DTypeTiers, ScaledFp8RowsEqualTheContiguousConversion) {
   }
 }
 
+// Float rows converted to their own addresses (a paged cache's rows, streamed where aligned)
+// equal the contiguous conversion, for every storage type, aligned and misaligned rows.
+TEST_P(DTypeTiers, FloatRowsEqualTheContiguousConversion) {
+  const size_t n_rows = 24;
+  for (size_t row_len : {size_t{128}, size_t{40}, size_t{7}}) {
+    const size_t n = n_rows * row_len;
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = float(int(i * 37 % 1001) - 500) * 0.0173f;
+    for (DType dt : {DType::kF16, DType::kBF16, DType::kF32, DType::kE4M3}) {
+      for (size_t shift : {size_t{0}, size_t{1}}) {
+        SCOPED_TRACE(std::string(DTypeName(dt)) + " rows of " + std::to_string(row_len) + " shifted " +
+                     std::to_string(shift));
+        const size_t es = DTypeSize(dt), row = row_len * es;
+        std::vector<uint8_t> want(n * es), pages(2 * n * es + 64 + es, 0xAA);
+        ConvertFromF32(dt, x.data(), want.data(), n);
+        uint8_t* base = pages.data() + (64 - reinterpret_cast<uintptr_t>(pages.data()) % 64) % 64 + shift * es;
+        std::vector<uint8_t*> rows(n_rows);
+        for (size_t r = 0; r < n_rows; ++r) rows[r] = base + 2 * (n_rows - 1 - r) * row;  // reversed, a row apart
+        ConvertFromF32StreamingRows(dt, x.data(), row_len, rows.data(), n_rows);
+        for (size_t r = 0; r < n_rows; ++r) {
+          ASSERT_EQ(std::memcmp(rows[r], want.data() + r * row, row), 0) << "row " << r;
+          ASSERT_EQ(rows[r][row], 0xAA) << "row " << r << " wrote past its end";
+        }
+      }
+    }
+  }
+}
+
 TEST(DType, ParseNames) {
   EXPECT_EQ(ParseDType("f16").value(), DType::kF16);
   EXPECT_EQ(ParseDType("bf16").value(), DType::kBF16);
