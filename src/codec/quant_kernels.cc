@@ -1000,10 +1000,22 @@ void DecodeBlockToRows(const uint8_t* src, size_t rows, size_t n_channel, size_t
     }
     if (done) return;
   }
+  if (cpu::Use(cpu::Tier::kAvx512)) {
+    // What DecodeBlock writes on this tier (its fused f32 loop and AVX-512 fp16 dequantiser
+    // round as they do, not as the float path below), copied row by row: rare here (bf16, f32,
+    // widths or row counts the fused loop does not take).
+    thread_local std::vector<uint8_t> block;
+    const size_t row_bytes = n_channel * DTypeSize(dt);
+    block.resize(rows * row_bytes);
+    DecodeBlock(src, rows, n_channel, group, bits, dt, block.data(), s);
+    for (size_t r = 0; r < rows; ++r) std::memcpy(row_out[r], block.data() + r * row_bytes, row_bytes);
+    return;
+  }
 #endif
   // Elsewhere: dequantise the block to floats (in cache) and convert each row into its page with
-  // non-temporal stores. Decoding into a block buffer first would stream it out of cache with
-  // the dense path's stores, only to read it back (paged/dense decode 0.56 on AVX2, docs/results/paged.md).
+  // non-temporal stores — what DecodeBlock computes on these tiers. Decoding into a block buffer
+  // first would stream it out of cache with the dense path's stores, only to read it back
+  // (paged/dense decode 0.56 on AVX2, docs/results/paged.md).
   const size_t m = BlockMetaCount(rows, n_channel, group);
   s.Reserve(rows * n_channel, m);
   ReadBlock(src, m, rows * n_channel, bits, s);
