@@ -29,14 +29,17 @@ uint64_t Padded8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
 // The largest magnitude of n values of a storage type (NaNs skipped). For f16 and f32 on the
 // bits: masked magnitudes and an unsigned max, which order like the values and vectorise (a float
 // max reduction does not without fast-math); a mask, not a select, for the same reason.
+// An fp16 value's magnitude bits, or 0 for a NaN.
+inline uint16_t HalfMagnitudeOrZero(uint16_t h) {
+  const uint16_t b = h & 0x7fff;
+  return uint16_t(b & (0u - uint16_t(b <= 0x7c00)));
+}
+
 float MaxMagnitude(DType dtype, const uint8_t* data, size_t n) {
   if (dtype == DType::kF16) {
     const uint16_t* __restrict h = reinterpret_cast<const uint16_t*>(data);
     uint16_t a = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const uint16_t b = h[i] & 0x7fff;
-      a = std::max(a, uint16_t(b & (0u - uint16_t(b <= 0x7c00))));
-    }
+    for (size_t i = 0; i < n; ++i) a = std::max(a, HalfMagnitudeOrZero(h[i]));
     return HalfToFloat(a);
   }
   thread_local std::vector<float> buf;
@@ -74,10 +77,8 @@ const uint8_t* GatherSlabF16WithMax(const KvBlock& t, uint64_t slab, ByteBuffer&
     const uint16_t* __restrict in = reinterpret_cast<const uint16_t*>(rows[r]);
     uint16_t* __restrict o = out + r * D;
     for (size_t i = 0; i < D; ++i) {
-      const uint16_t v = in[i];
-      o[i] = v;
-      const uint16_t m = v & 0x7fff;
-      a = std::max(a, uint16_t(m & (0u - uint16_t(m <= 0x7c00))));
+      o[i] = in[i];
+      a = std::max(a, HalfMagnitudeOrZero(in[i]));
     }
   }
   *max_magnitude = HalfToFloat(a);

@@ -550,16 +550,6 @@ void DecodeBlockComposed(const uint8_t* src, size_t rows, size_t D, size_t group
   else ConvertFromF32Streaming(dt, s.x.data(), dst, n);
 }
 
-#ifdef KVSERVE_QUANT_AVX512
-KVSERVE_BEGIN_AVX512
-// 16 source values as floats: fp16 (the KV cache) or f32 (the output of a transform stage).
-inline __m512 Load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
-
-bool FusedWidthsFit(size_t D, size_t group) { return D % 16 == 0 && (group == 0 || (group % 16 == 0 && D % group == 0)); }
-
 // Asks for the next block's lines ahead of its min/max pass: the code pass between two blocks'
 // reads is long enough for the hardware prefetcher to lose the stream, and the next block (the
 // next one in the slab, or the next slab, which follows it in memory) then starts on misses.
@@ -569,10 +559,11 @@ bool FusedWidthsFit(size_t D, size_t group) { return D % 16 == 0 && (group == 0 
 // row by row during the min/max pass (`ahead`). A prefetch past the end of the tensor is harmless.
 inline void Prefetch(const void* p, size_t bytes) {
   const char* b = static_cast<const char*>(p);
-  for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(b + i, _MM_HINT_T0);
+  for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(b + i);
 }
 
-// Asks for bytes [from, from + len) of a paged block's next rows taken as one sequence. Out of
+// Asks for bytes [from, from + len) of a paged block's next rows taken as one sequence (the
+// fused kernel's code pass and the float path's row conversions alike). Out of
 // line (inlined into the code pass's loop it cost the dense encode 20%), and kept out of the
 // compiler's interprocedural analysis: a function that only prefetches looks free of effects, and
 // its calls were deleted.
@@ -584,6 +575,16 @@ inline void Prefetch(const void* p, size_t bytes) {
     from += n;
   }
 }
+
+#ifdef KVSERVE_QUANT_AVX512
+KVSERVE_BEGIN_AVX512
+// 16 source values as floats: fp16 (the KV cache) or f32 (the output of a transform stage).
+inline __m512 Load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+
+bool FusedWidthsFit(size_t D, size_t group) { return D % 16 == 0 && (group == 0 || (group % 16 == 0 && D % group == 0)); }
 
 // Where an encode's source rows lie: a dense block (row r at p + r * D, the next block right
 // after it), or rows anywhere (a paged cache's, read where they lie; nothing known after them).
@@ -954,8 +955,8 @@ size_t EncodeBlockFromRows(const uint8_t* const* row_in, DType dt, size_t rows, 
   const size_t next_bytes = next ? next->n_rows * next->row_bytes : 0;
   for (size_t r = 0; r < rows; ++r) {
     ConvertToF32(dt, row_in[r], s.x.data() + r * n_channel, n_channel);
-    for (size_t b = next_bytes * r / rows & ~size_t{63}; b < next_bytes * (r + 1) / rows; b += 64)
-      __builtin_prefetch(next->rows[b / next->row_bytes] + b % next->row_bytes);
+    const size_t from = next_bytes * r / rows;
+    if (next_bytes) AskRows(*next, from, next_bytes * (r + 1) / rows - from);
   }
   return EncodeFloatBlock(rows, n_channel, group, bits, dst, s, false);
 }
